@@ -1,0 +1,198 @@
+"""`specdec export`: load, export, check tokenizers, validate, write the artifact atomically."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+from specdec.models.errors import ExportError
+from specdec.models.manifest import (
+    GraphSpec,
+    Manifest,
+    Provenance,
+    TokenizerSpec,
+    sha256_of_file,
+    write_manifest,
+)
+from specdec.exporter.onnx_export import export_onnx, read_layout
+from specdec.exporter.kv_slice import write_kv_slice_graph
+from specdec.exporter.sources import LoadedSource, load_source
+from specdec.exporter.staging import check_output_path, staged_folder
+from specdec.exporter.tokenizer_check import check_tokenizers_compatible
+from specdec.exporter.validate import DEFAULT_ATOL, validate_graph
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+@dataclass
+class ExportConfig:
+    """What `specdec export` was asked to do."""
+
+    target: str  # hub id, local folder, or .gguf file
+    draft: str | None  # same kinds, or None for a target-only artifact
+    output: Path
+    dtype: str = "fp32"  # weights dtype of the graphs: fp32 | fp16 (fp16 needs CUDA)
+    device: str = "cpu"  # where optimum traces the model: cpu | cuda
+    opset: int | None = None  # None: optimum's default for the architecture
+    trust_remote_code: bool = False
+    force: bool = False  # replace an existing output folder
+    atol: float | None = None  # max logit difference in validation; None: per-dtype default
+    revision: str | None = None
+    command: str | None = None  # the command line, recorded in provenance
+    library_versions: dict[str, str] = field(default_factory=dict)
+
+
+Progress = Callable[[str], None]
+
+
+def check_config(config: ExportConfig) -> None:
+    """Raise ExportError for settings that can never work, before any slow step."""
+    if config.dtype not in ("fp32", "fp16"):
+        raise ExportError(f"--dtype must be fp32 or fp16, got '{config.dtype}'")
+    if config.device not in ("cpu", "cuda"):
+        raise ExportError(f"--device must be cpu or cuda, got '{config.device}'")
+    if config.dtype == "fp16" and config.device == "cpu":
+        raise ExportError("--dtype fp16 cannot be exported or validated on the CPU; use --device cuda (needs a GPU) or --dtype fp32")
+    if config.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ExportError("--device cuda was given but PyTorch sees no CUDA GPU; use --device cpu")
+    check_output_path(config.output, config.force)
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": sys.version.split()[0]}
+    for package in ("specdec", "torch", "transformers", "optimum-onnx", "onnx", "onnxruntime", "tokenizers"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportConfig,
+                progress: Progress) -> GraphSpec:
+    folder = staging / role
+    progress(f"{role}: exporting to ONNX with optimum (text-generation-with-past)")
+    graph_path = export_onnx(loaded.export_path, folder / "onnx", config.opset, config.device,
+                             config.dtype, config.trust_remote_code)
+    arch = loaded.architecture
+    num_layers = arch.num_layers(loaded.config)
+    layout = read_layout(graph_path, num_layers)
+    # Keep only the graph and its weights; optimum also writes configs we do not need.
+    for name in layout.files:
+        shutil.move(str(graph_path.parent / name), str(folder / name))
+    shutil.rmtree(graph_path.parent)
+    kv_heads, head_dim = arch.num_kv_heads(loaded.config), arch.head_dim(loaded.config)
+    kv_slice = write_kv_slice_graph(folder / "kv_slice.onnx", 2 * num_layers, kv_heads, head_dim, layout.kv_dtype)
+    files = [f"{role}/{name}" for name in layout.files]
+    hashed = files + [f"{role}/{kv_slice.name}"]
+    return GraphSpec(
+        role=role,
+        files=files,
+        sha256={rel: sha256_of_file(staging / rel) for rel in hashed},
+        kv_slice_file=f"{role}/{kv_slice.name}",
+        model_type=loaded.config["model_type"],
+        family=arch.family,
+        num_layers=num_layers,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        kv_dtype=layout.kv_dtype,
+        input_ids_name=layout.input_ids_name,
+        attention_mask_name=layout.attention_mask_name,
+        position_ids_name=layout.position_ids_name,
+        past_names=layout.past_names,
+        present_names=layout.present_names,
+        logits_name=layout.logits_name,
+        max_positions=arch.max_positions(loaded.config),
+        vocab_size=int(loaded.config["vocab_size"]),
+        weights_dtype=config.dtype,
+        source=loaded.source,
+        revision=loaded.revision,
+    )
+
+
+def _write_tokenizer(loaded: LoadedSource, staging: Path) -> TokenizerSpec:
+    folder = staging / "tokenizer"
+    loaded.tokenizer.save_pretrained(str(folder))
+    files = [f"tokenizer/{name}" for name in TOKENIZER_FILES if (folder / name).is_file()]
+    tokenizer = loaded.tokenizer
+    eos = list(dict.fromkeys(
+        [t for t in [tokenizer.eos_token_id, *loaded.generation_eos] if isinstance(t, int)]
+    ))
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    return TokenizerSpec(
+        files=files,
+        sha256={rel: sha256_of_file(staging / rel) for rel in files},
+        vocab_size=len(tokenizer),
+        eos_token_ids=eos,
+        bos_token_id=tokenizer.bos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        chat_template=template,
+    )
+
+
+def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
+    """Build the artifact described by `config`; return its manifest.
+
+    Raises ExportError on bad input or failed validation; nothing is left at the output
+    path unless the whole export succeeded.
+    """
+    check_config(config)
+    with tempfile.TemporaryDirectory(prefix="specdec-export-") as scratch, \
+            staged_folder(config.output, config.force) as staging:
+        work = Path(scratch)
+        progress(f"target: loading {config.target}")
+        target = load_source(config.target, work / "target", config.trust_remote_code, config.revision)
+        draft = None
+        if config.draft:
+            progress(f"draft: loading {config.draft}")
+            draft = load_source(config.draft, work / "draft", config.trust_remote_code, config.revision)
+            progress("checking draft and target tokenizers match")
+            check_tokenizers_compatible(target.tokenizer, draft.tokenizer)
+        tokenizer_spec = _write_tokenizer(target, staging)
+        target_spec = _export_one("target", target, staging, config, progress)
+        draft_spec = _export_one("draft", draft, staging, config, progress) if draft else None
+
+        atol = config.atol if config.atol is not None else DEFAULT_ATOL[config.dtype]
+        validation = {}
+        for loaded, spec in ((target, target_spec), (draft, draft_spec)):
+            if spec is None:
+                continue
+            progress(f"{spec.role}: validating ONNX against PyTorch")
+            report = validate_graph(staging, spec, loaded.model, loaded.tokenizer, atol)
+            validation[spec.role] = report.as_dict()
+            progress(
+                f"{spec.role}: max |logit diff| prefill {report.max_logit_diff_prefill:.2e}, "
+                f"step {report.max_logit_diff_step:.2e} (atol {atol:g}); greedy agreement "
+                f"{report.greedy_agreement:.0%} over {report.greedy_tokens} tokens"
+            )
+            if not report.passed:
+                raise ExportError(
+                    f"{spec.role} graph failed validation: max logit diff "
+                    f"{max(report.max_logit_diff_prefill, report.max_logit_diff_step):.3g} vs atol {atol:g}, "
+                    f"{report.greedy_mismatches_outside_ties} greedy mismatches outside near-ties"
+                )
+        manifest = Manifest(
+            target=target_spec,
+            draft=draft_spec,
+            tokenizer=tokenizer_spec,
+            provenance=Provenance(
+                exporter_version=_versions().get("specdec", "unknown"),
+                export_date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                library_versions={**_versions(), **config.library_versions},
+                command=config.command,
+            ),
+            validation=validation,
+            runtime_defaults={"num_draft_tokens": 4},
+        )
+        write_manifest(staging, manifest)
+        progress(f"wrote {config.output}")
+    return manifest

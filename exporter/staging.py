@@ -1,0 +1,47 @@
+"""Atomic artifact writes: build in a hidden temp folder beside the output, then rename."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from specdec.models.errors import ExportError
+
+
+def check_output_path(output: Path, force: bool) -> None:
+    """Raise ExportError if `output` cannot become an artifact folder (a file, or exists without force)."""
+    if output.exists() and not output.is_dir():
+        raise ExportError(f"output '{output}' is a file; give a folder path")
+    if output.exists() and any(output.iterdir()) and not force:
+        raise ExportError(f"output folder '{output}' already exists; pass --force to replace it")
+    parent = output.resolve().parent
+    if not parent.is_dir():
+        raise ExportError(f"cannot create '{output}': folder '{parent}' does not exist")
+
+
+@contextlib.contextmanager
+def staged_folder(output: Path, force: bool) -> Iterator[Path]:
+    """Yield a temp folder; on clean exit it replaces `output`, on any exception (Ctrl-C too) it is deleted.
+
+    The temp folder lives in the output's parent so the final rename stays on one file system.
+    """
+    check_output_path(output, force)
+    parent = output.resolve().parent
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=parent))
+    try:
+        yield staging
+        if output.exists():
+            # Move the old artifact aside first so at no moment is there a half artifact at `output`.
+            trash = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=parent))
+            os.replace(output, trash / "old")
+            os.replace(staging, output)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,99 @@
+"""Per-architecture facts: how to read KV layout from a Hugging Face config.
+
+Each family is one small `ArchitectureSpec`; nothing else in specdec branches on the
+model type. The KV layout of every optimum `text-generation-with-past` graph we export is
+`[batch, kv_heads, sequence, head_dim]` per layer, one `key` and one `value` tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from specdec.models.errors import ExportError
+
+# optimum's naming for past/present tensors; graphs we export always use these.
+PAST_KEY = "past_key_values.{layer}.key"
+PAST_VALUE = "past_key_values.{layer}.value"
+PRESENT_KEY = "present.{layer}.key"
+PRESENT_VALUE = "present.{layer}.value"
+KV_SEQUENCE_AXIS = 2
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """How one model family names its sizes in `config.json`."""
+
+    family: str
+    layers_key: str = "num_hidden_layers"
+    heads_key: str = "num_attention_heads"
+    # None: the family has no grouped-query attention, KV heads == attention heads.
+    kv_heads_key: str | None = "num_key_value_heads"
+    hidden_key: str = "hidden_size"
+    positions_key: str = "max_position_embeddings"
+    # Some configs carry an explicit head_dim that differs from hidden / heads.
+    head_dim_key: str | None = "head_dim"
+
+    def num_layers(self, config: Mapping[str, Any]) -> int:
+        """Return the number of transformer layers."""
+        return int(_require(config, self.layers_key, self.family))
+
+    def num_kv_heads(self, config: Mapping[str, Any]) -> int:
+        """Return the number of key/value heads per layer."""
+        if self.kv_heads_key and config.get(self.kv_heads_key) is not None:
+            return int(config[self.kv_heads_key])
+        return int(_require(config, self.heads_key, self.family))
+
+    def head_dim(self, config: Mapping[str, Any]) -> int:
+        """Return the per-head dimension of K and V."""
+        if self.head_dim_key and config.get(self.head_dim_key):
+            return int(config[self.head_dim_key])
+        hidden = int(_require(config, self.hidden_key, self.family))
+        heads = int(_require(config, self.heads_key, self.family))
+        return hidden // heads
+
+    def max_positions(self, config: Mapping[str, Any]) -> int:
+        """Return the longest sequence (prompt + generated) the model supports."""
+        return int(_require(config, self.positions_key, self.family))
+
+
+def _require(config: Mapping[str, Any], key: str, family: str) -> Any:
+    if config.get(key) is None:
+        raise ExportError(f"{family} config has no '{key}'; is this really a {family} model?")
+    return config[key]
+
+
+_LLAMA_LIKE = ArchitectureSpec(family="llama")
+
+# model_type (config.json) -> spec. Extend here, and only here, to support a family.
+_ARCHITECTURES: dict[str, ArchitectureSpec] = {
+    "gpt2": ArchitectureSpec(
+        family="gpt2",
+        layers_key="n_layer",
+        heads_key="n_head",
+        kv_heads_key=None,
+        hidden_key="n_embd",
+        positions_key="n_positions",
+        head_dim_key=None,
+    ),
+    "llama": _LLAMA_LIKE,
+    "mistral": ArchitectureSpec(family="mistral"),
+    "qwen2": ArchitectureSpec(family="qwen2"),
+    "phi3": ArchitectureSpec(family="phi3"),
+}
+
+
+def supported_model_types() -> list[str]:
+    """Return the config `model_type` values specdec can export, sorted."""
+    return sorted(_ARCHITECTURES)
+
+
+def architecture_for(model_type: str) -> ArchitectureSpec:
+    """Return the spec for a config `model_type`, or raise ExportError naming the supported ones."""
+    try:
+        return _ARCHITECTURES[model_type]
+    except KeyError:
+        raise ExportError(
+            f"unknown architecture '{model_type}': specdec supports "
+            f"{', '.join(supported_model_types())}"
+        ) from None

@@ -1,0 +1,273 @@
+"""The artifact contract: `specdec.json`, written by the exporter and read by the runtime.
+
+An artifact folder holds:
+
+    specdec.json            this manifest
+    target/model.onnx       target graph (+ model.onnx_data when weights are external)
+    target/kv_slice.onnx    tiny graph that crops the target's KV cache on the device
+    draft/...               same for the draft model (absent with --draft none)
+    tokenizer/tokenizer.json, tokenizer_config.json, ...
+
+Loading a manifest checks every field's presence and type and names the first bad one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.models.errors import ArtifactError, ManifestError
+
+MANIFEST_FILENAME = "specdec.json"
+MANIFEST_FORMAT = "specdec-artifact"
+# Bump when the runtime can no longer read older artifacts the same way.
+MANIFEST_VERSION = 1
+SUPPORTED_MANIFEST_VERSIONS = (1,)
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One exported ONNX decoder graph and everything the runtime needs to drive it."""
+
+    role: str  # "target" or "draft"
+    files: list[str]  # graph file first, then external-data files; relative to the artifact
+    sha256: dict[str, str]  # relative path -> hex digest, for every file in `files` and kv_slice_file
+    kv_slice_file: str  # graph with inputs (past..., keep) that crops each past along the sequence axis
+    model_type: str
+    family: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: str  # numpy dtype name of past/present tensors: "float32" or "float16"
+    input_ids_name: str
+    attention_mask_name: str
+    position_ids_name: str | None  # None: the graph derives positions itself
+    past_names: list[list[str]]  # per layer: [key input, value input]
+    present_names: list[list[str]]  # per layer: [key output, value output]
+    logits_name: str
+    max_positions: int
+    vocab_size: int  # rows of the LM head; may exceed the tokenizer (padding)
+    weights_dtype: str  # "fp32" or "fp16"
+    source: str  # hub id, folder or GGUF path it was exported from
+    revision: str | None = None
+
+    @property
+    def graph_file(self) -> str:
+        """Return the path of the ONNX graph, relative to the artifact."""
+        return self.files[0]
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """The tokenizer both models share, and its special tokens."""
+
+    files: list[str]
+    sha256: dict[str, str]
+    vocab_size: int  # ids the tokenizer can produce; logits beyond this are masked
+    eos_token_ids: list[int]
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+    chat_template: str | None = None
+
+    @property
+    def tokenizer_json(self) -> str:
+        """Return the relative path of the `tokenizers` JSON file."""
+        return next(f for f in self.files if f.endswith("tokenizer.json"))
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an artifact came from and what built it."""
+
+    exporter_version: str
+    export_date: str
+    library_versions: dict[str, str] = field(default_factory=dict)
+    command: str | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The whole `specdec.json`."""
+
+    target: GraphSpec
+    draft: GraphSpec | None
+    tokenizer: TokenizerSpec
+    provenance: Provenance
+    # Per-model figures from the exporter's numerical validation.
+    validation: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Defaults the runtime uses when the caller does not say (`specdec tune` writes here).
+    runtime_defaults: dict[str, Any] = field(default_factory=dict)
+    version: int = MANIFEST_VERSION
+
+    def graphs(self) -> list[GraphSpec]:
+        """Return the target spec, then the draft spec if there is one."""
+        return [self.target] + ([self.draft] if self.draft else [])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready form of the manifest."""
+        body = asdict(self)
+        body.pop("version")
+        return {"format": MANIFEST_FORMAT, "version": self.version, **body}
+
+
+# ---------------------------------------------------------------- reading, checked
+
+
+def _get(data: dict, key: str, kinds: tuple, where: str, optional: bool = False) -> Any:
+    path = f"{where}.{key}" if where else key
+    if not isinstance(data, dict):
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}' must be an object")
+    if key not in data or (data[key] is None and optional):
+        if optional:
+            return None
+        raise ManifestError(f"{MANIFEST_FILENAME}: missing field '{path}'")
+    value = data[key]
+    # bool is an int in Python; a boolean where a count belongs is still wrong.
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = "/".join(k.__name__ for k in kinds)
+        raise ManifestError(
+            f"{MANIFEST_FILENAME}: field '{path}' should be {names}, got {type(value).__name__}"
+        )
+    return value
+
+
+def _graph_from_dict(data: Any, where: str) -> GraphSpec:
+    s = lambda k, opt=False: _get(data, k, (str,), where, opt)  # noqa: E731
+    i = lambda k: _get(data, k, (int,), where)  # noqa: E731
+    spec = GraphSpec(
+        role=s("role"),
+        files=_get(data, "files", (list,), where),
+        sha256=_get(data, "sha256", (dict,), where),
+        kv_slice_file=s("kv_slice_file"),
+        model_type=s("model_type"),
+        family=s("family"),
+        num_layers=i("num_layers"),
+        num_kv_heads=i("num_kv_heads"),
+        head_dim=i("head_dim"),
+        kv_dtype=s("kv_dtype"),
+        input_ids_name=s("input_ids_name"),
+        attention_mask_name=s("attention_mask_name"),
+        position_ids_name=s("position_ids_name", True),
+        past_names=_get(data, "past_names", (list,), where),
+        present_names=_get(data, "present_names", (list,), where),
+        logits_name=s("logits_name"),
+        max_positions=i("max_positions"),
+        vocab_size=i("vocab_size"),
+        weights_dtype=s("weights_dtype"),
+        source=s("source"),
+        revision=s("revision", True),
+    )
+    if not spec.files:
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")
+    for name, pairs in (("past_names", spec.past_names), ("present_names", spec.present_names)):
+        if len(pairs) != spec.num_layers or any(len(p) != 2 for p in pairs):
+            raise ManifestError(
+                f"{MANIFEST_FILENAME}: '{where}.{name}' must hold {spec.num_layers} [key, value] pairs"
+            )
+    if spec.kv_dtype not in ("float32", "float16"):
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.kv_dtype' must be float32 or float16, got {spec.kv_dtype}")
+    return spec
+
+
+def _tokenizer_from_dict(data: Any) -> TokenizerSpec:
+    where = "tokenizer"
+    spec = TokenizerSpec(
+        files=_get(data, "files", (list,), where),
+        sha256=_get(data, "sha256", (dict,), where),
+        vocab_size=_get(data, "vocab_size", (int,), where),
+        eos_token_ids=_get(data, "eos_token_ids", (list,), where),
+        bos_token_id=_get(data, "bos_token_id", (int,), where, True),
+        pad_token_id=_get(data, "pad_token_id", (int,), where, True),
+        chat_template=_get(data, "chat_template", (str,), where, True),
+    )
+    if not any(f.endswith("tokenizer.json") for f in spec.files):
+        raise ManifestError(f"{MANIFEST_FILENAME}: 'tokenizer.files' has no tokenizer.json")
+    return spec
+
+
+def manifest_from_dict(data: Any) -> Manifest:
+    """Return a Manifest built from parsed JSON, or raise ManifestError naming the first bad field."""
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(f"{MANIFEST_FILENAME}: not a specdec manifest (no \"format\": \"{MANIFEST_FORMAT}\")")
+    version = _get(data, "version", (int,), "")
+    if version not in SUPPORTED_MANIFEST_VERSIONS:
+        raise ManifestError(
+            f"{MANIFEST_FILENAME}: manifest version {version} is not supported by this specdec "
+            f"(reads {', '.join(map(str, SUPPORTED_MANIFEST_VERSIONS))}); re-export the artifact with this version"
+        )
+    prov = _get(data, "provenance", (dict,), "")
+    draft = data.get("draft")
+    return Manifest(
+        target=_graph_from_dict(_get(data, "target", (dict,), ""), "target"),
+        draft=None if draft is None else _graph_from_dict(draft, "draft"),
+        tokenizer=_tokenizer_from_dict(_get(data, "tokenizer", (dict,), "")),
+        provenance=Provenance(
+            exporter_version=_get(prov, "exporter_version", (str,), "provenance"),
+            export_date=_get(prov, "export_date", (str,), "provenance"),
+            library_versions=_get(prov, "library_versions", (dict,), "provenance", True) or {},
+            command=_get(prov, "command", (str,), "provenance", True),
+        ),
+        validation=_get(data, "validation", (dict,), "", True) or {},
+        runtime_defaults=_get(data, "runtime_defaults", (dict,), "", True) or {},
+        version=version,
+    )
+
+
+def load_manifest(artifact_dir: str | os.PathLike, check_files: bool = True) -> Manifest:
+    """Return the validated manifest of an artifact folder.
+
+    With `check_files`, every file the manifest lists must exist and match its sha256.
+    Raises ArtifactError or ManifestError with a message naming the problem.
+    """
+    folder = Path(artifact_dir)
+    if not folder.is_dir():
+        raise ArtifactError(f"artifact folder '{folder}' does not exist (build one with `specdec export`)")
+    path = folder / MANIFEST_FILENAME
+    if not path.is_file():
+        raise ArtifactError(f"'{folder}' has no {MANIFEST_FILENAME}: not a specdec artifact")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ManifestError(f"{path}: not valid JSON ({err})") from None
+    manifest = manifest_from_dict(data)
+    if check_files:
+        verify_checksums(folder, manifest)
+    return manifest
+
+
+def write_manifest(artifact_dir: str | os.PathLike, manifest: Manifest) -> Path:
+    """Write `specdec.json` into a folder; return its path."""
+    path = Path(artifact_dir) / MANIFEST_FILENAME
+    path.write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path
+
+
+def sha256_of_file(path: str | os.PathLike) -> str:
+    """Return the hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checksums(artifact_dir: str | os.PathLike, manifest: Manifest) -> None:
+    """Raise ArtifactError if a file listed in the manifest is missing or its sha256 differs."""
+    folder = Path(artifact_dir)
+    listed: dict[str, str] = dict(manifest.tokenizer.sha256)
+    for graph in manifest.graphs():
+        listed.update(graph.sha256)
+    for rel, expected in listed.items():
+        path = folder / rel
+        if not path.is_file():
+            raise ArtifactError(f"artifact file '{rel}' is missing from '{folder}'; re-export the artifact")
+        actual = sha256_of_file(path)
+        if actual != expected:
+            raise ArtifactError(
+                f"artifact file '{rel}' does not match its sha256 in {MANIFEST_FILENAME} "
+                f"(expected {expected[:12]}…, found {actual[:12]}…): the file changed; re-export the artifact"
+            )

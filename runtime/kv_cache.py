@@ -1,0 +1,75 @@
+"""The KV cache of one model for one request: device-resident tensors plus their length."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+
+class KVSlicer:
+    """Crops every past tensor of a model along its sequence axis, on the device.
+
+    Runs the artifact's tiny `kv_slice.onnx` (one Slice per tensor, driven by a `keep`
+    input) on the same provider as the model, with IO binding, so a rollback never copies
+    the cache through host memory. One slicer per model, shared by all requests.
+    """
+
+    def __init__(self, session: ort.InferenceSession, device: str, num_tensors: int):
+        self._session = session
+        self._device = device
+        self._inputs = [f"past_{i}" for i in range(num_tensors)]
+        self._outputs = [f"kept_{i}" for i in range(num_tensors)]
+
+    def crop(self, tensors: list[ort.OrtValue], keep: int) -> list[ort.OrtValue]:
+        """Return new device tensors holding the first `keep` positions of each input tensor."""
+        binding = self._session.io_binding()
+        for name, value in zip(self._inputs, tensors):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_cpu_input("keep", np.array([keep], dtype=np.int64))
+        for name in self._outputs:
+            binding.bind_output(name, self._device)
+        self._session.run_with_iobinding(binding)
+        return binding.get_outputs()
+
+
+@dataclass
+class KVCache:
+    """Past keys/values of one model for one request.
+
+    `tensors` holds 2 * layers OrtValues (key, value per layer) of shape
+    [1, kv_heads, length, head_dim] on the session's device; `length` is how many
+    positions they hold. `token_ids` are the tokens those positions encode, so a drafter
+    can find how much of its cache is still valid after verification.
+    """
+
+    tensors: list[ort.OrtValue]
+    slicer: KVSlicer
+    token_ids: list[int] = field(default_factory=list)
+    # Usage counters for this request's stats: time inside session.run, and in rollbacks.
+    run_seconds: float = 0.0
+    run_calls: int = 0
+    rollback_seconds: float = 0.0
+
+    @property
+    def length(self) -> int:
+        """Return the number of cached positions."""
+        return len(self.token_ids)
+
+    def append(self, new_tensors: list[ort.OrtValue], new_token_ids: list[int]) -> None:
+        """Replace the tensors with a step's present outputs, which include the new positions."""
+        self.tensors = new_tensors
+        self.token_ids.extend(int(t) for t in new_token_ids)
+
+    def rollback(self, length: int) -> None:
+        """Drop every position from `length` on (a no-op when nothing is dropped)."""
+        if length < 0 or length > self.length:
+            raise ValueError(f"cannot roll back a cache of length {self.length} to {length}")
+        if length == self.length:
+            return
+        start = time.perf_counter()
+        self.tensors = self.slicer.crop(self.tensors, length)
+        del self.token_ids[length:]
+        self.rollback_seconds += time.perf_counter() - start

@@ -1,0 +1,55 @@
+"""Choosing onnxruntime execution providers, and checking the one we got is the one we asked for."""
+
+from __future__ import annotations
+
+import onnxruntime as ort
+
+from specdec.models.errors import GenerationError
+
+PROVIDER_CHOICES = ("auto", "cuda", "cpu")
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+def providers_for(requested: str) -> list[str]:
+    """Return the provider list to try for "auto", "cuda" or "cpu".
+
+    Raises GenerationError when "cuda" is asked for but this onnxruntime has no CUDA provider.
+    """
+    if requested not in PROVIDER_CHOICES:
+        raise GenerationError(f"provider must be one of {', '.join(PROVIDER_CHOICES)}, got '{requested}'")
+    available = ort.get_available_providers()
+    if requested == "cpu":
+        return [CPU]
+    if CUDA in available:
+        return [CUDA, CPU]
+    if requested == "cuda":
+        raise GenerationError(
+            "CUDA was requested but this onnxruntime has no CUDAExecutionProvider: "
+            "install onnxruntime-gpu in place of onnxruntime (pip install 'specdec[gpu]'), or use --provider cpu"
+        )
+    return [CPU]
+
+
+def create_session(path: str, requested: str, threads: int | None = None) -> tuple[ort.InferenceSession, str]:
+    """Return (session, device) where device is "cuda" or "cpu", as the session really runs.
+
+    onnxruntime-gpu lists CUDA as available even where it cannot load it, then silently
+    falls back to CPU; so the providers are read back from the session. "auto" accepts the
+    fallback; "cuda" raises GenerationError.
+    """
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.log_severity_level = 3  # the CUDA fallback warning is reported by us, once
+    providers = providers_for(requested)
+    session = ort.InferenceSession(path, sess_options=options, providers=providers)
+    active = session.get_providers()
+    if CUDA in providers and (not active or active[0] != CUDA):
+        if requested == "cuda":
+            raise GenerationError(
+                "CUDA was requested but onnxruntime could not load its CUDA provider "
+                "(check the CUDA/cuDNN libraries match onnxruntime-gpu), or use --provider cpu"
+            )
+        session = ort.InferenceSession(path, sess_options=options, providers=[CPU])
+    return session, ("cuda" if session.get_providers()[0] == CUDA else "cpu")

@@ -1,0 +1,82 @@
+"""One exported decoder graph run with IO binding; KV caches stay on the device between steps."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from specdec.models.errors import GenerationError
+from specdec.models.manifest import GraphSpec
+from specdec.runtime.kv_cache import KVCache, KVSlicer
+from specdec.runtime.providers import create_session
+
+
+class ModelSession:
+    """A loaded graph, shared by all requests; each request brings its own KVCache.
+
+    `forward` binds the new tokens from the host, the cache's past tensors as device
+    OrtValues, and the present outputs to the device, so the cache never leaves it; only
+    the logits come back to the host.
+    """
+
+    def __init__(self, artifact_dir: str | Path, spec: GraphSpec, provider: str = "auto",
+                 threads: int | None = None, vocab_limit: int | None = None):
+        folder = Path(artifact_dir)
+        self.spec = spec
+        self.session, self.device = create_session(str(folder / spec.graph_file), provider, threads)
+        # The slicer runs where the cache lives: same device as the model.
+        slice_session, _ = create_session(str(folder / spec.kv_slice_file), self.device, threads=1)
+        self.slicer = KVSlicer(slice_session, self.device, 2 * spec.num_layers)
+        self.vocab_limit = min(spec.vocab_size, vocab_limit or spec.vocab_size)
+        self._past_names = [name for pair in spec.past_names for name in pair]
+        self._present_names = [name for pair in spec.present_names for name in pair]
+        self._kv_dtype = np.dtype(spec.kv_dtype)
+
+    @property
+    def provider(self) -> str:
+        """Return the execution provider the session really uses."""
+        return self.session.get_providers()[0]
+
+    def new_cache(self) -> KVCache:
+        """Return an empty cache (length 0) on this session's device."""
+        empty = np.zeros((1, self.spec.num_kv_heads, 0, self.spec.head_dim), dtype=self._kv_dtype)
+        tensors = [ort.OrtValue.ortvalue_from_numpy(empty, self.device, 0) for _ in self._past_names]
+        return KVCache(tensors=tensors, slicer=self.slicer)
+
+    def forward(self, cache: KVCache, token_ids: list[int]) -> np.ndarray:
+        """Run the graph on `token_ids` after the cache; return logits [len(token_ids), vocab] on the host.
+
+        The cache grows by len(token_ids) positions. Logits are cut to `vocab_limit` so ids
+        that only pad an embedding matrix can never be produced.
+        """
+        n_new = len(token_ids)
+        past = cache.length
+        if n_new == 0:
+            raise ValueError("forward needs at least one token")
+        if past + n_new > self.spec.max_positions:
+            raise GenerationError(
+                f"sequence of {past + n_new} tokens exceeds the model's {self.spec.max_positions} positions"
+            )
+        spec = self.spec
+        binding = self.session.io_binding()
+        binding.bind_cpu_input(spec.input_ids_name, np.asarray([token_ids], dtype=np.int64))
+        binding.bind_cpu_input(spec.attention_mask_name, np.ones((1, past + n_new), dtype=np.int64))
+        if spec.position_ids_name:
+            positions = np.arange(past, past + n_new, dtype=np.int64)[None, :]
+            binding.bind_cpu_input(spec.position_ids_name, positions)
+        for name, value in zip(self._past_names, cache.tensors):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(spec.logits_name, self.device)
+        for name in self._present_names:
+            binding.bind_output(name, self.device)
+        start = time.perf_counter()
+        self.session.run_with_iobinding(binding)
+        cache.run_seconds += time.perf_counter() - start
+        cache.run_calls += 1
+        outputs = binding.get_outputs()
+        logits = outputs[0].numpy()[0, :, : self.vocab_limit]
+        cache.append(outputs[1:], token_ids)
+        return logits
