@@ -1,0 +1,130 @@
+"""Drafters: whatever proposes tokens for the target to verify.
+
+The loop talks to a drafter through two calls:
+- `propose(context, k)` -> Proposal: up to k tokens, and their q rows (None: deterministic,
+  q is one-hot at each proposed token);
+- `sync(context)`: after verification, the committed context; the drafter drops what
+  is no longer valid (its KV cache, for a model drafter).
+A new drafter is one class in this file with those two methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.ngram import NgramIndex
+from specdec.runtime.sampling import SamplingConfig, process_logits, sample_token
+from specdec.runtime.session import ModelSession
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Drafted tokens and the distributions they were drawn from."""
+
+    tokens: list[int]  # [k'] with k' <= k (an n-gram drafter may find fewer, or none)
+    probs: np.ndarray | None  # [k', vocab] processed q rows; None: one-hot at each token
+
+
+class Drafter(Protocol):
+    """What the decoding loop needs from a drafter (one instance per request)."""
+
+    name: str
+
+    def propose(self, context: list[int], k: int) -> Proposal:
+        """Return up to k draft tokens continuing `context` (prompt + committed tokens)."""
+        ...
+
+    def sync(self, context: list[int]) -> None:
+        """Forget proposals that `context` (just committed) did not keep."""
+        ...
+
+    @property
+    def calls(self) -> int:
+        """Return how many model calls the drafter has made (0 for model-free drafters)."""
+        ...
+
+    @property
+    def session_seconds(self) -> float:
+        """Return the time spent inside onnxruntime's session.run (0 for model-free drafters)."""
+        ...
+
+
+class ModelDrafter:
+    """Drafts with a small model, sampling each token with the same settings as the target.
+
+    Keeps the full processed q row of every drafted token: the rejection test and the
+    residual need q over the whole vocabulary, not only q(x).
+    """
+
+    name = "model"
+
+    def __init__(self, session: ModelSession, sampling: SamplingConfig, rng: np.random.Generator):
+        self.session = session
+        self.sampling = sampling
+        self.rng = rng
+        self.cache: KVCache = session.new_cache()
+
+    @property
+    def calls(self) -> int:
+        """Return the number of draft model calls so far."""
+        return self.cache.run_calls
+
+    @property
+    def session_seconds(self) -> float:
+        """Return the time inside the draft session's run."""
+        return self.cache.run_seconds
+
+    def propose(self, context: list[int], k: int) -> Proposal:
+        """Return k tokens sampled one at a time from the draft model, with their q rows."""
+        # Catch up on every committed token the draft has not seen (at least the last one).
+        logits = self.session.forward(self.cache, context[self.cache.length:])[-1]
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        for i in range(k):
+            if self.sampling.greedy:
+                token = int(np.argmax(logits))  # q is one-hot at the argmax: Proposal.probs=None says so
+            else:
+                q = process_logits(logits[None, :], self.sampling)[0]
+                token = sample_token(q, self.rng)
+                rows.append(q)
+            tokens.append(token)
+            if i + 1 < k:
+                logits = self.session.forward(self.cache, [token])[-1]
+        return Proposal(tokens, np.stack(rows) if rows else None)
+
+    def sync(self, context: list[int]) -> None:
+        """Roll the draft cache back to its longest prefix that agrees with the committed context."""
+        cached = self.cache.token_ids
+        valid = 0
+        limit = min(len(cached), len(context) - 1)  # keep >= 1 token to feed next time
+        while valid < limit and cached[valid] == context[valid]:
+            valid += 1
+        self.cache.rollback(valid)
+
+
+class NgramDrafter:
+    """Prompt-lookup drafting: copies what followed the latest earlier match of the context's suffix.
+
+    A deterministic proposal: q is one-hot, so acceptance is p(x) and the residual is p
+    without x; the output stays exactly the target's.
+    """
+
+    name = "ngram"
+    calls = 0
+    session_seconds = 0.0
+
+    def __init__(self, min_n: int = 1, max_n: int = 4):
+        self.index = NgramIndex(min_n=min_n, max_n=max_n)
+
+    def propose(self, context: list[int], k: int) -> Proposal:
+        """Return up to k tokens from the n-gram index ([] when nothing recurs)."""
+        # Committed context only grows, so the index takes just the new tail.
+        self.index.extend(context[len(self.index.tokens):])
+        return Proposal(self.index.propose(k), None)
+
+    def sync(self, context: list[int]) -> None:
+        """Nothing to forget: the index holds committed tokens only."""

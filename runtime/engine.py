@@ -1,0 +1,209 @@
+"""The library API a service embeds: load an artifact once, generate from many threads."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from specdec.models.errors import GenerationError
+from specdec.models.manifest import Manifest, load_manifest
+from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
+from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdec.runtime.loop import Iteration, decode
+from specdec.runtime.sampling import SamplingConfig
+from specdec.runtime.session import ModelSession
+from specdec.runtime.stats import GenerationStats
+from specdec.runtime.text import StopStringFilter, TextCodec
+
+DRAFTER_CHOICES = ("auto", "model", "ngram", "none")
+DEFAULT_DRAFT_TOKENS = 4  # when neither the caller nor the artifact (`specdec tune`) says
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """One request's settings; every field has the CLI flag of the same name."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    seed: int = 0  # seeds this request's numpy Generator: same seed, same output
+    num_draft_tokens: int | str | None = None  # K, "auto", or None: the artifact's default
+    drafter: str = "auto"  # auto: the draft model if the artifact has one, else n-gram
+    max_draft_tokens_auto: int = 8  # cap on K under "auto"
+    ngram_min: int = 1  # n-gram drafter: shortest suffix to match
+    ngram_max: int = 4  # n-gram drafter: longest suffix to match
+    stop_strings: tuple[str, ...] = ()
+    chat: bool = False  # wrap the prompt in the artifact's chat template
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """Return the sampling part of the config."""
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    def validate(self) -> None:
+        """Raise GenerationError for an out-of-range setting."""
+        self.sampling.validate()
+        if self.max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        k = self.num_draft_tokens
+        if k is not None and k != "auto" and (not isinstance(k, int) or k < 1):
+            raise GenerationError(f"num_draft_tokens must be an integer >= 1 or 'auto', got {k!r}")
+        if self.drafter not in DRAFTER_CHOICES:
+            raise GenerationError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got '{self.drafter}'")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise GenerationError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+
+@dataclass
+class GenerationResult:
+    """What a generation produced."""
+
+    text: str
+    token_ids: list[int]  # generated ids (EOS included when it ended the generation)
+    prompt_ids: list[int]
+    finish_reason: str  # "eos", "length", "stop" (a stop string), or "max_positions"
+    stats: GenerationStats
+
+
+class GenerationStream:
+    """Iterates over text pieces as tokens are committed; `result` is set once it is exhausted."""
+
+    def __init__(self, pieces: Iterator[str]):
+        self._pieces = pieces
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        return self._pieces
+
+
+class Engine:
+    """A loaded artifact. Sessions are shared; each request makes its own caches, drafter and RNG."""
+
+    def __init__(self, artifact_dir: Path, manifest: Manifest, provider: str, threads: int | None):
+        self.artifact_dir = artifact_dir
+        self.manifest = manifest
+        self.codec = TextCodec(artifact_dir, manifest.tokenizer)
+        vocab = manifest.tokenizer.vocab_size
+        self.target = ModelSession(artifact_dir, manifest.target, provider, threads, vocab_limit=vocab)
+        self.draft = (ModelSession(artifact_dir, manifest.draft, provider, threads, vocab_limit=vocab)
+                      if manifest.draft else None)
+        if self.draft is not None and self.draft.vocab_limit != self.target.vocab_limit:
+            # Padding rows differ: both sides sample from the vocabulary they share.
+            shared = min(self.draft.vocab_limit, self.target.vocab_limit)
+            self.draft.vocab_limit = self.target.vocab_limit = shared
+        self.eos_token_ids = set(manifest.tokenizer.eos_token_ids)
+
+    @classmethod
+    def load(cls, artifact_dir: str | Path, provider: str = "auto", threads: int | None = None,
+             check_files: bool = True) -> "Engine":
+        """Return an Engine for an artifact folder.
+
+        provider: "auto" (CUDA when usable, else CPU), "cuda" or "cpu". check_files
+        verifies every file's sha256 first. Raises ArtifactError/ManifestError/GenerationError.
+        """
+        folder = Path(artifact_dir)
+        return cls(folder, load_manifest(folder, check_files=check_files), provider, threads)
+
+    @property
+    def provider(self) -> str:
+        """Return the execution provider the target really runs on."""
+        return self.target.provider
+
+    @property
+    def max_positions(self) -> int:
+        """Return the longest sequence both models accept."""
+        return min(s.spec.max_positions for s in (self.target, self.draft) if s is not None)
+
+    def prompt_ids(self, prompt: str, chat: bool = False) -> list[int]:
+        """Return the token ids for a prompt, through the chat template when `chat`."""
+        if chat:
+            return self.codec.encode(self.codec.chat_prompt([{"role": "user", "content": prompt}]),
+                                     add_special_tokens=False)
+        return self.codec.encode(prompt)
+
+    def generate(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig(),
+                 on_iteration: Callable[[Iteration], None] | None = None) -> GenerationResult:
+        """Return the completion of `prompt` (text, or token ids) under `config`."""
+        stream = self.stream(prompt, config, on_iteration)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig(),
+               on_iteration: Callable[[Iteration], None] | None = None) -> GenerationStream:
+        """Return a GenerationStream yielding text pieces as they are committed.
+
+        The config is checked here, before anything runs, so bad settings raise at once.
+        """
+        config.validate()
+        ids = list(prompt) if isinstance(prompt, list) else self.prompt_ids(prompt, config.chat)
+        if len(ids) >= self.max_positions:
+            raise GenerationError(
+                f"prompt of {len(ids)} tokens is too long for the model's {self.max_positions} positions"
+            )
+        stream = GenerationStream(iter(()))
+        stream._pieces = self._pieces(ids, config, on_iteration, stream)
+        return stream
+
+    def _drafter(self, config: GenerationConfig, rng: np.random.Generator) -> Drafter | None:
+        kind = config.drafter
+        if kind == "auto":
+            kind = "model" if self.draft is not None else "ngram"
+        if kind == "none":
+            return None
+        if kind == "model":
+            if self.draft is None:
+                raise GenerationError("this artifact has no draft model; use drafter 'ngram' or 'none'")
+            return ModelDrafter(self.draft, config.sampling, rng)
+        return NgramDrafter(config.ngram_min, config.ngram_max)
+
+    def _draft_length(self, config: GenerationConfig) -> tuple[FixedDraftLength | AdaptiveDraftLength, str]:
+        k = config.num_draft_tokens
+        if k is None:
+            k = self.manifest.runtime_defaults.get("num_draft_tokens", DEFAULT_DRAFT_TOKENS)
+        if k == "auto":
+            verify_cost = float(self.manifest.runtime_defaults.get("verify_cost", 0.0))
+            return AdaptiveDraftLength(max_k=config.max_draft_tokens_auto, verify_cost=verify_cost), "auto"
+        return FixedDraftLength(int(k)), str(k)
+
+    def _pieces(self, ids: list[int], config: GenerationConfig,
+                on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:
+        rng = np.random.default_rng(config.seed)
+        drafter = self._drafter(config, rng)
+        policy, k_label = self._draft_length(config)
+        stats = GenerationStats(drafter=drafter.name if drafter else "none",
+                                num_draft_tokens=k_label if drafter else "0", prompt_tokens=len(ids))
+        decoder = self.codec.decode_stream()
+        stop_filter = StopStringFilter(config.stop_strings)
+        generated: list[int] = []
+        finish = "length"
+        start = time.perf_counter()
+        iterations = decode(self.target, ids, config.max_new_tokens, config.sampling, rng, self.eos_token_ids,
+                            stats, drafter, policy, self.max_positions)
+        for iteration in iterations:
+            if on_iteration:
+                on_iteration(iteration)
+            for token in iteration.committed:
+                generated.append(token)
+                piece = stop_filter.feed(decoder.push(token))
+                if piece:
+                    yield piece
+                if stop_filter.stopped:
+                    break
+            if stop_filter.stopped:
+                finish = "stop"
+                iterations.close()
+                break
+            finish = iteration.finished or finish
+        tail = stop_filter.flush()
+        if tail:
+            yield tail
+        stats.total_seconds = time.perf_counter() - start
+        stats.new_tokens = len(generated)
+        stream.result = GenerationResult(stop_filter.final_text, generated, ids, finish, stats)

@@ -1,0 +1,119 @@
+"""Per-generation statistics, and the speedup theory predicts from them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from specdec.runtime.theory import expected_speedup
+
+
+@dataclass
+class GenerationStats:
+    """Counters and timers of one generation. Times are wall seconds.
+
+    `accepted` counts draft tokens that passed the acceptance test, never bonus or
+    recovered tokens. `acceptance_tests` counts tests run (each accepted draft, plus the one
+    rejected draft if any), so alpha = accepted / acceptance_tests estimates the per-token
+    acceptance probability of the paper; acceptance_rate = accepted / drafted is the share
+    of drafted tokens kept.
+    """
+
+    drafter: str = "none"
+    num_draft_tokens: str = "0"  # "4", or "auto"
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    iterations: int = 0  # target calls after the prefill
+    target_calls: int = 0  # including the prefill
+    draft_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_tests: int = 0
+    bonus_tokens: int = 0
+    prefill_seconds: float = 0.0
+    target_seconds: float = 0.0  # decode-phase target calls (verification), excluding the prefill
+    draft_seconds: float = 0.0
+    rollback_seconds: float = 0.0
+    session_run_seconds: float = 0.0  # inside onnxruntime's run, both models, prefill included
+    total_seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Return accepted / drafted (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Return accepted / acceptance tests: the per-token acceptance probability estimate."""
+        return self.accepted / self.acceptance_tests if self.acceptance_tests else 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """Return decode-phase tokens per target call (the prefill's token excluded)."""
+        return (self.new_tokens - 1) / self.iterations if self.iterations else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Return new tokens over the whole generation time, prefill included."""
+        return self.new_tokens / self.total_seconds if self.total_seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Return tokens after the first over the time after the prefill."""
+        decode = self.total_seconds - self.prefill_seconds
+        return (self.new_tokens - 1) / decode if decode > 0 else 0.0
+
+    @property
+    def other_seconds(self) -> float:
+        """Return time in neither model call: sampling, acceptance, bookkeeping."""
+        return max(self.total_seconds - self.prefill_seconds - self.target_seconds - self.draft_seconds, 0.0)
+
+    @property
+    def overhead_share(self) -> float:
+        """Return the share of the generation time spent outside onnxruntime's session.run."""
+        if not self.total_seconds:
+            return 0.0
+        return max(self.total_seconds - self.session_run_seconds, 0.0) / self.total_seconds
+
+    @property
+    def cost_ratio(self) -> float:
+        """Return c: mean draft call time over mean target (decode) call time."""
+        if not (self.draft_calls and self.iterations and self.target_seconds):
+            return 0.0
+        return (self.draft_seconds / self.draft_calls) / (self.target_seconds / self.iterations)
+
+    @property
+    def mean_draft_length(self) -> float:
+        """Return drafted tokens per iteration."""
+        return self.drafted / self.iterations if self.iterations else 0.0
+
+    @property
+    def theoretical_speedup(self) -> float:
+        """Return Theorem 3.8's speedup for the measured alpha, c and mean K (1.0 with no drafting)."""
+        k = round(self.mean_draft_length)
+        return expected_speedup(self.alpha, k, self.cost_ratio) if k > 0 else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return counters and derived figures as one JSON-ready dict."""
+        data = asdict(self)
+        for name in ("acceptance_rate", "alpha", "tokens_per_target_call", "tokens_per_second",
+                     "decode_tokens_per_second", "other_seconds", "overhead_share", "cost_ratio",
+                     "mean_draft_length", "theoretical_speedup"):
+            data[name] = getattr(self, name)
+        return data
+
+    def summary(self) -> str:
+        """Return a few human-readable lines."""
+        lines = [
+            f"{self.new_tokens} tokens in {self.total_seconds:.2f}s ({self.tokens_per_second:.1f} tok/s, "
+            f"decode {self.decode_tokens_per_second:.1f} tok/s); prompt {self.prompt_tokens} tokens, "
+            f"prefill {self.prefill_seconds * 1e3:.0f} ms",
+            f"drafter {self.drafter} K={self.num_draft_tokens}: target calls {self.target_calls}, "
+            f"draft calls {self.draft_calls}, drafted {self.drafted}, accepted {self.accepted} "
+            f"(rate {self.acceptance_rate:.2f}, alpha {self.alpha:.2f}), bonus {self.bonus_tokens}, "
+            f"{self.tokens_per_target_call:.2f} tokens/target call",
+            f"time: target {self.target_seconds:.2f}s, draft {self.draft_seconds:.2f}s, "
+            f"other {self.other_seconds:.2f}s (outside session.run: {self.overhead_share:.1%}); "
+            f"c={self.cost_ratio:.3f}, theoretical speedup {self.theoretical_speedup:.2f}x",
+        ]
+        return "\n".join(lines)
