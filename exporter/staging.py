@@ -18,9 +18,11 @@ def check_output_path(output: Path, force: bool) -> None:
         raise ExportError(f"output '{output}' is a file; give a folder path")
     if output.exists() and any(output.iterdir()) and not force:
         raise ExportError(f"output folder '{output}' already exists; pass --force to replace it")
-    parent = output.resolve().parent
-    if not parent.is_dir():
-        raise ExportError(f"cannot create '{output}': folder '{parent}' does not exist")
+    for ancestor in output.resolve().parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise ExportError(f"cannot create '{output}': '{ancestor}' is a file")
+            break
 
 
 @contextlib.contextmanager
@@ -31,6 +33,8 @@ def staged_folder(output: Path, force: bool) -> Iterator[Path]:
     """
     check_output_path(output, force)
     parent = output.resolve().parent
+    created = [p for p in reversed(parent.parents) if not p.exists()] + ([parent] if not parent.exists() else [])
+    parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=parent))
     try:
         yield staging
@@ -44,4 +48,7 @@ def staged_folder(output: Path, force: bool) -> Iterator[Path]:
             os.replace(staging, output)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        for folder in reversed(created):  # parents we made for this export, deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise

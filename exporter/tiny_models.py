@@ -113,3 +113,23 @@ def build_tiny_pair(folder: Path, family: str, seed: int = 0) -> tuple[Path, Pat
     pad = 448 if family == "gpt2" else None
     draft = build_tiny_model(folder / f"{family}-draft", family, "draft", seed + 1, pad_vocab_to=pad)
     return target, draft
+
+
+def build_perturbed_draft(target_folder: Path, folder: Path, noise: float, seed: int) -> Path:
+    """Write a copy of a model with Gaussian noise (std `noise`) added to every weight; return the folder.
+
+    A draft close to, but not equal to, its target: p and q overlap partially, which is the
+    regime where mistakes in the rejection step (wrong residual, unprocessed q) show up.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(target_folder)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * noise)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(target_folder).save_pretrained(folder)
+    return folder

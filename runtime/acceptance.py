@@ -22,7 +22,7 @@ class Verdict:
 
     num_accepted: int  # drafts kept, 0..K
     next_token: int  # the recovered token (after a rejection) or the bonus token (all accepted)
-    is_bonus: bool  # True when all K drafts were accepted and next_token came from row K
+    is_bonus: bool  # True when K >= 1 drafts were all accepted and next_token came from row K
 
     def committed(self, draft_tokens: list[int]) -> list[int]:
         """Return the tokens this verdict commits: the accepted drafts, then next_token."""
@@ -71,7 +71,7 @@ def rejection_sample(
         else:
             q = draft_probs[i]
         return Verdict(i, sample_token(residual_distribution(p, q), rng), is_bonus=False)
-    return Verdict(k, sample_token(target_probs[k], rng), is_bonus=True)
+    return Verdict(k, sample_token(target_probs[k], rng), is_bonus=k > 0)
 
 
 def greedy_verify(draft_tokens: list[int], target_argmax: np.ndarray) -> Verdict:
@@ -84,4 +84,4 @@ def greedy_verify(draft_tokens: list[int], target_argmax: np.ndarray) -> Verdict
     for i, token in enumerate(draft_tokens):
         if int(target_argmax[i]) != int(token):
             return Verdict(i, int(target_argmax[i]), is_bonus=False)
-    return Verdict(k, int(target_argmax[k]), is_bonus=True)
+    return Verdict(k, int(target_argmax[k]), is_bonus=k > 0)

@@ -1,0 +1,209 @@
+"""The `specdec` command line. Maps flags onto config dataclasses; turns SpecdecError into one-line errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from specdec.models.errors import SpecdecError
+
+
+def _one_line_errors(command):
+    """Turn specdec's errors (and a few predictable others) into `Error: ...` and exit code 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except SpecdecError as err:
+            raise click.ClickException(str(err)) from None
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def _draft_tokens(value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        raise click.BadParameter(f"must be an integer >= 1 or 'auto', got '{value}'") from None
+    if k < 1:
+        raise click.BadParameter(f"must be >= 1 (or 'auto'), got {k}")
+    return k
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="specdec")
+def main() -> None:
+    """specdec: export draft+target models to ONNX and run exact speculative decoding on onnxruntime."""
+
+
+@main.command()
+@click.option("--target", required=True, metavar="SRC",
+              help="Target model: Hugging Face hub id, local model folder, or .gguf file.")
+@click.option("--draft", required=True, metavar="SRC|none",
+              help="Draft model (same kinds as --target; must share its tokenizer), or 'none' for a "
+                   "target-only artifact (the runtime then drafts by prompt lookup).")
+@click.option("--output", "-o", required=True, type=click.Path(path_type=Path),
+              help="Artifact folder to create. Written atomically: nothing is left there on failure.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="Weights dtype of the exported graphs. fp16 needs --device cuda.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Device PyTorch traces and validates the model on.")
+@click.option("--opset", type=int, default=None, help="ONNX opset (default: optimum's choice for the architecture).")
+@click.option("--trust-remote-code", is_flag=True, help="Allow model code from the source (hub models only).")
+@click.option("--force", is_flag=True, help="Replace an existing output folder.")
+@click.option("--atol", type=float, default=None,
+              help="Max |logit difference| ONNX vs PyTorch in validation (default 1e-2 fp32, 1e-1 fp16).")
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit) of hub sources.")
+@_one_line_errors
+def export(target, draft, output, dtype, device, opset, trust_remote_code, force, atol, revision) -> None:
+    """Export a draft and a target model into one validated artifact folder."""
+    from specdec.exporter.pipeline import ExportConfig, run_export
+
+    started = time.perf_counter()
+
+    def progress(message: str) -> None:
+        click.echo(f"[{time.perf_counter() - started:6.1f}s] {message}", err=True)
+
+    config = ExportConfig(
+        target=target,
+        draft=None if draft.lower() == "none" else draft,
+        output=output,
+        dtype=dtype,
+        device=device,
+        opset=opset,
+        trust_remote_code=trust_remote_code,
+        force=force,
+        atol=atol,
+        revision=revision,
+        command=" ".join(["specdec"] + sys.argv[1:]),
+    )
+    run_export(config, progress)
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@click.option("--no-verify", is_flag=True, help="Skip checking every file's sha256.")
+@_one_line_errors
+def inspect(artifact, as_json, no_verify) -> None:
+    """Print an artifact's manifest: models, KV layout, tokenizer, validation, provenance."""
+    from specdec.models.manifest import load_manifest
+
+    manifest = load_manifest(artifact, check_files=not no_verify)
+    if as_json:
+        click.echo(json.dumps(manifest.to_dict(), indent=2))
+        return
+    click.echo(f"specdec artifact {artifact} (manifest v{manifest.version}, checksums "
+               f"{'not checked' if no_verify else 'OK'})")
+    for graph in manifest.graphs():
+        report = manifest.validation.get(graph.role, {})
+        click.echo(
+            f"  {graph.role:6s} {graph.family} ({graph.model_type}) from {graph.source}\n"
+            f"         {graph.num_layers} layers, {graph.num_kv_heads} KV heads x {graph.head_dim}, "
+            f"KV {graph.kv_dtype}, weights {graph.weights_dtype}, vocab {graph.vocab_size}, "
+            f"max positions {graph.max_positions}\n"
+            f"         graph {graph.graph_file}; position ids: {graph.position_ids_name or 'none'}"
+        )
+        if report:
+            click.echo(
+                f"         validation: max |logit diff| {max(report['max_logit_diff_prefill'], report['max_logit_diff_step']):.2e} "
+                f"(atol {report['atol']:g}), greedy agreement {report['greedy_agreement']:.0%}"
+            )
+    if manifest.draft is None:
+        click.echo("  draft  none (the runtime drafts by prompt lookup)")
+    tok = manifest.tokenizer
+    click.echo(f"  tokenizer: vocab {tok.vocab_size}, eos {tok.eos_token_ids}, bos {tok.bos_token_id}, "
+               f"chat template {'yes' if tok.chat_template else 'no'}")
+    if manifest.runtime_defaults:
+        click.echo(f"  runtime defaults: {manifest.runtime_defaults}")
+    prov = manifest.provenance
+    versions = ", ".join(f"{k} {v}" for k, v in prov.library_versions.items())
+    click.echo(f"  exported {prov.export_date} by specdec {prov.exporter_version} ({versions})")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.argument("prompt")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Stop after this many new tokens.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy; > 0 samples.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k most likely tokens (0: off).")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass in (0, 1] (1: off).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed: same seed, same output.")
+@click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto",
+              help="Tokens drafted per target call, or 'auto' to choose each iteration "
+                   "(default: the artifact's tuned K, else 4).")
+@click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default="auto", show_default=True,
+              help="auto: the artifact's draft model if it has one, else prompt lookup (n-gram).")
+@click.option("--no-draft", is_flag=True, help="Plain target-only decoding (same as --drafter none).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template as a user message.")
+@click.option("--stop", "stop_strings", multiple=True, metavar="TEXT", help="Stop when this text appears (repeatable).")
+@click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="onnxruntime execution provider; auto uses CUDA when onnxruntime-gpu can load it.")
+@click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--verbose", "-v", is_flag=True, help="Show each iteration's drafted and accepted tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, finish reason, stats).")
+@_one_line_errors
+def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, num_draft_tokens, drafter,
+             no_draft, chat, stop_strings, provider, threads, verbose, as_json) -> None:
+    """Generate a completion of PROMPT with the artifact in ARTIFACT, streaming the text."""
+    from specdec.runtime.engine import Engine, GenerationConfig
+
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        num_draft_tokens=_draft_tokens(num_draft_tokens),
+        drafter="none" if no_draft else drafter,
+        stop_strings=tuple(stop_strings),
+        chat=chat,
+    )
+    config.validate()
+    engine = Engine.load(artifact, provider=provider, threads=threads)
+
+    def show_iteration(iteration) -> None:
+        decode = lambda ids: repr(engine.codec.decode(ids))  # noqa: E731
+        click.echo(
+            f"\n  [drafted {len(iteration.drafted)} {decode(iteration.drafted)}, accepted "
+            f"{iteration.num_accepted}, +{len(iteration.committed)} {decode(iteration.committed)}"
+            f"{' (bonus)' if iteration.is_bonus else ''}]",
+            err=True,
+        )
+
+    stream = engine.stream(prompt, config, on_iteration=show_iteration if verbose else None)
+    if as_json:
+        for _ in stream:
+            pass
+    else:
+        for piece in stream:
+            click.echo(piece, nl=False)
+            sys.stdout.flush()
+        click.echo()
+    result = stream.result
+    if as_json:
+        click.echo(json.dumps({
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "prompt_tokens": len(result.prompt_ids),
+            "finish_reason": result.finish_reason,
+            "provider": engine.provider,
+            "stats": result.stats.as_dict(),
+        }))
+    else:
+        click.echo(f"--- finish: {result.finish_reason}; provider {engine.provider}\n{result.stats.summary()}", err=True)
+
+
+if __name__ == "__main__":
+    main()

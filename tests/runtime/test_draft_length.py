@@ -1,0 +1,51 @@
+from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
+from specdec.runtime.theory import best_draft_length, expected_speedup, expected_tokens_per_iteration
+
+
+def test_theorem_3_8_values():
+    assert expected_tokens_per_iteration(1.0, 4) == 5
+    assert abs(expected_tokens_per_iteration(0.5, 2) - 1.75) < 1e-12
+    assert abs(expected_speedup(0.5, 2, 0.1) - 1.75 / 1.2) < 1e-12
+    assert expected_speedup(0.0, 3, 0.2) < 1.0
+    assert expected_speedup(0.9, 0, 0.2) == 1.0
+    # verifying costs extra per token: lowers the speedup
+    assert expected_speedup(0.8, 4, 0.05, verify_cost=0.04) < expected_speedup(0.8, 4, 0.05)
+
+
+def test_best_draft_length():
+    assert best_draft_length(0.0, 0.1, 8)[0] == 0
+    assert best_draft_length(0.99, 0.0, 8)[0] == 8
+    k, s = best_draft_length(0.8, 0.1, 16)
+    assert 2 <= k <= 8 and s > 1.0
+
+
+def test_fixed_draft_length():
+    policy = FixedDraftLength(3)
+    policy.observe(3, 0, True, 0.5)
+    assert policy.choose() == 3
+
+
+def test_adaptive_never_exceeds_cap():
+    policy = AdaptiveDraftLength(max_k=5, cost_ratio=0.0)
+    for _ in range(50):
+        k = policy.choose()
+        assert 0 <= k <= 5
+        policy.observe(k, k, rejected=False, cost_ratio=0.0)
+    assert policy.choose() == 5
+
+
+def test_adaptive_falls_back_when_alpha_is_zero_and_recovers():
+    policy = AdaptiveDraftLength(max_k=8, cost_ratio=0.2, cooldown=4)
+    ks = []
+    for _ in range(20):  # every draft rejected
+        k = policy.choose()
+        ks.append(k)
+        if k:
+            policy.observe(k, 0, rejected=True, cost_ratio=0.2)
+    assert ks[-10:].count(0) >= 7  # mostly plain decoding
+    assert any(k > 0 for k in ks[5:])  # but it keeps probing
+    for _ in range(40):  # alpha recovers: every draft accepted
+        k = policy.choose()
+        if k:
+            policy.observe(k, k, rejected=False, cost_ratio=0.2)
+    assert policy.choose() >= 3
