@@ -31,7 +31,9 @@ class GenerationConfig:
     temperature: float = 0.0  # 0: greedy
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1: off
-    seed: int = 0  # seeds this request's numpy Generator: same seed, same output
+    # Seeds this request's numpy Generator: same seed and K, same output. Under
+    # num_draft_tokens="auto" K follows measured timings, so sampled output can vary.
+    seed: int = 0
     num_draft_tokens: int | str | None = None  # K, "auto", or None: the artifact's default
     drafter: str = "auto"  # auto: the draft model if the artifact has one, else n-gram
     max_draft_tokens_auto: int = 8  # cap on K under "auto"
@@ -143,7 +145,7 @@ class Engine:
         """
         config.validate()
         ids = list(prompt) if isinstance(prompt, list) else self.prompt_ids(prompt, config.chat)
-        if len(ids) >= self.max_positions:
+        if len(ids) > self.max_positions:
             raise GenerationError(
                 f"prompt of {len(ids)} tokens is too long for the model's {self.max_positions} positions"
             )

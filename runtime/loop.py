@@ -57,11 +57,8 @@ def decode(
     limit = max_positions or target.spec.max_positions
     if len(prompt_ids) == 0:
         raise GenerationError("the prompt is empty: give at least one token")
-    if len(prompt_ids) >= limit:
-        raise GenerationError(
-            f"prompt of {len(prompt_ids)} tokens does not fit the model's {limit} positions "
-            "(it needs at least one position to generate)"
-        )
+    if len(prompt_ids) > limit:
+        raise GenerationError(f"prompt of {len(prompt_ids)} tokens is longer than the model's {limit} positions")
     start = time.perf_counter()
     cache = target.new_cache()
     try:
@@ -169,6 +166,6 @@ def _finish_reason(committed: list[int], generated: int, max_new_tokens: int, eo
         return "eos"
     if generated >= max_new_tokens:
         return "length"
-    if context_length >= limit:
+    if context_length > limit:  # the last token would need a position past the model's limit
         return "max_positions"
     return None

@@ -1,0 +1,85 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specdec.cli.main import main
+
+
+def _run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_generate_json(tiny_artifacts):
+    result = _run("generate", tiny_artifacts["gpt2"], "The quick brown fox", "--max-new-tokens", 10,
+                  "-k", 3, "--json", "--provider", "cpu")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(data["token_ids"]) == 10 and data["finish_reason"] == "length"
+    stats = data["stats"]
+    assert stats["target_calls"] >= 1 and stats["drafter"] == "model" and stats["num_draft_tokens"] == "3"
+    for key in ("alpha", "acceptance_rate", "tokens_per_target_call", "theoretical_speedup", "overhead_share"):
+        assert key in stats
+
+
+def test_generate_streams_text_and_stats(tiny_artifacts):
+    plain = _run("generate", tiny_artifacts["llama"], "Hello", "--max-new-tokens", 8, "--no-draft", "--json")
+    text = json.loads(plain.stdout.strip().splitlines()[-1])["text"]
+    streamed = _run("generate", tiny_artifacts["llama"], "Hello", "--max-new-tokens", 8, "--verbose", "-k", "2")
+    assert streamed.exit_code == 0, streamed.output
+    assert streamed.stdout.startswith(text)
+    assert "drafted" in streamed.stderr and "tokens/target call" in streamed.stderr
+
+
+def test_generate_chat_and_auto(tiny_artifacts):
+    result = _run("generate", tiny_artifacts["llama"], "hi", "--chat", "-k", "auto", "--max-new-tokens", 6, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["stats"]["num_draft_tokens"] == "auto"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "-0.5"], "temperature must be >= 0"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--top-k", "-1"], "top_k must be >= 0"),
+    (["-k", "0"], "must be >= 1"),
+    (["-k", "many"], "integer >= 1 or 'auto'"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+])
+def test_bad_settings_are_one_line_errors(tiny_artifacts, args, message):
+    result = _run("generate", tiny_artifacts["llama"], "hi", *args)
+    assert result.exit_code != 0
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_prompt_too_long(tiny_artifacts):
+    result = _run("generate", tiny_artifacts["llama"], "the " * 800)
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: prompt of") and "512 positions" in result.output
+
+
+def test_missing_or_broken_artifact(tiny_artifacts, tmp_path):
+    result = _run("generate", tmp_path / "none", "hi")
+    assert result.exit_code == 1 and "does not exist" in result.output
+    (tmp_path / "specdec.json").write_text('{"format": "specdec-artifact", "version": 1}')
+    result = _run("generate", tmp_path, "hi")
+    assert result.exit_code == 1 and "missing field 'provenance'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cuda_requested_without_cuda(tiny_artifacts):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA")
+    result = _run("generate", tiny_artifacts["llama"], "hi", "--provider", "cuda")
+    assert result.exit_code == 1 and "CUDA was requested" in result.output
+
+
+def test_help_explains_every_option():
+    for command in ("export", "generate", "inspect"):
+        result = _run(command, "--help")
+        assert result.exit_code == 0
+        options = [line.split()[0] for line in result.output.splitlines() if line.strip().startswith("--")]
+        assert options

@@ -1,0 +1,154 @@
+"""Export of the tiny pairs, and every kind of bad input `specdec export` must refuse cleanly."""
+
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from specdec.cli.main import main
+from specdec.exporter.pipeline import ExportConfig, run_export
+from specdec.models.errors import ExportError
+from specdec.models.manifest import load_manifest
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_tiny_pair_exports_and_validates(tiny_artifacts, family):
+    manifest = load_manifest(tiny_artifacts[family])
+    assert manifest.target.family == family and manifest.draft.family == family
+    for role in ("target", "draft"):
+        report = manifest.validation[role]
+        assert report["passed"]
+        assert report["max_logit_diff_prefill"] < 1e-3 and report["max_logit_diff_step"] < 1e-3
+        assert report["greedy_agreement"] == 1.0 and report["greedy_tokens"] >= 20
+    assert (manifest.target.position_ids_name is not None) == (family in ("llama", "gpt2"))
+
+
+def test_target_only_artifact(tiny_target_only_artifact):
+    manifest = load_manifest(tiny_target_only_artifact)
+    assert manifest.draft is None
+    assert set(manifest.validation) == {"target"}
+
+
+def test_export_cli_and_inspect(tiny_sources, tmp_path):
+    target, draft = tiny_sources["llama"]
+    out = tmp_path / "nested" / "art"
+    runner = CliRunner()
+    result = runner.invoke(main, ["export", "--target", str(target), "--draft", str(draft), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "validating" in result.output and "greedy agreement 100%" in result.output
+    again = runner.invoke(main, ["export", "--target", str(target), "--draft", "none", "--output", str(out)])
+    assert again.exit_code == 1 and "--force" in again.output
+    forced = runner.invoke(main, ["export", "--target", str(target), "--draft", "none", "--output", str(out), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert load_manifest(out).draft is None
+    shown = runner.invoke(main, ["inspect", str(out)])
+    assert shown.exit_code == 0 and "llama" in shown.output and "draft  none" in shown.output
+    as_json = runner.invoke(main, ["inspect", str(out), "--json"])
+    assert '"format": "specdec-artifact"' in as_json.output
+
+
+def _leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if ".partial-" in p.name or ".old-" in p.name)
+
+
+def _refused(args, tmp_path, message):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["export", *args, "--output", str(out)])
+    assert result.exit_code != 0, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("Error: ") and message in last, result.output
+    assert "Traceback" not in result.output
+    assert not out.exists() and _leftovers(tmp_path) == []
+    return last
+
+
+def test_missing_source(tmp_path):
+    _refused(["--target", str(tmp_path / "nope"), "--draft", "none"], tmp_path, "does not exist")
+    _refused(["--target", str(tmp_path / "nope.gguf"), "--draft", "none"], tmp_path, "does not exist")
+
+
+def test_folder_without_config(tmp_path):
+    (tmp_path / "empty").mkdir()
+    _refused(["--target", str(tmp_path / "empty"), "--draft", "none"], tmp_path, "no config.json")
+
+
+def test_unknown_architecture(tmp_path):
+    from transformers import OPTConfig
+
+    from specdec.exporter.tiny_models import build_tokenizer
+
+    folder = tmp_path / "opt"
+    OPTConfig(vocab_size=400, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2,
+              word_embed_proj_dim=16).save_pretrained(folder)
+    build_tokenizer().save_pretrained(folder)
+    _refused(["--target", str(folder), "--draft", "none"], tmp_path, "unknown architecture 'opt'")
+
+
+def test_different_tokenizers(tiny_sources, tmp_path):
+    from specdec.exporter.tiny_models import build_tokenizer
+
+    target, draft = tiny_sources["llama"]
+    other = tmp_path / "other-draft"
+    shutil.copytree(draft, other)
+    build_tokenizer(vocab_size=380).save_pretrained(other)  # fewer merges: ids past 380 differ
+    message = _refused(["--target", str(target), "--draft", str(other)], tmp_path, "tokenizers differ at id")
+    assert "target has" in message and "draft has" in message
+
+
+def test_corrupted_gguf(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    _refused(["--target", str(bad), "--draft", "none"], tmp_path, "cannot read")
+    notgguf = tmp_path / "text.gguf"
+    notgguf.write_text("hello")
+    _refused(["--target", str(notgguf), "--draft", "none"], tmp_path, "not a GGUF file")
+
+
+def test_truncated_gguf(tmp_path):
+    from specdec.exporter.bundled import smollm2_gguf_path
+
+    try:
+        real = smollm2_gguf_path()
+    except ExportError as err:
+        pytest.skip(str(err))
+    truncated = tmp_path / "truncated.gguf"
+    with open(real, "rb") as source:
+        truncated.write_bytes(source.read(4 << 20))
+    _refused(["--target", str(truncated), "--draft", "none"], tmp_path, "cannot read")
+
+
+def test_output_is_a_file(tiny_sources, tmp_path):
+    target, _ = tiny_sources["gpt2"]
+    out = tmp_path / "file"
+    out.write_text("x")
+    result = CliRunner().invoke(main, ["export", "--target", str(target), "--draft", "none", "--output", str(out)])
+    assert result.exit_code == 1 and "is a file" in result.output
+    assert out.read_text() == "x"
+
+
+def test_fp16_on_cpu_suggests_cuda(tiny_sources, tmp_path):
+    target, _ = tiny_sources["gpt2"]
+    message = _refused(["--target", str(target), "--draft", "none", "--dtype", "fp16"], tmp_path, "fp16")
+    assert "--device cuda" in message
+
+
+def test_interrupt_leaves_nothing(tiny_sources, tmp_path, monkeypatch):
+    import specdec.exporter.pipeline as pipeline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "validate_graph", interrupted)
+    target, draft = tiny_sources["gpt2"]
+    out = tmp_path / "deep" / "art"
+    with pytest.raises(KeyboardInterrupt):
+        run_export(ExportConfig(target=str(target), draft=str(draft), output=out), progress=lambda m: None)
+    assert not (tmp_path / "deep").exists()
+
+
+def test_failed_validation_refuses(tiny_sources, tmp_path):
+    target, _ = tiny_sources["gpt2"]
+    out = tmp_path / "art"
+    with pytest.raises(ExportError, match="failed validation"):
+        run_export(ExportConfig(target=str(target), draft=None, output=out, atol=1e-12), progress=lambda m: None)
+    assert not out.exists() and _leftovers(tmp_path) == []

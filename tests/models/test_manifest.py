@@ -1,0 +1,112 @@
+import json
+import shutil
+
+import pytest
+
+from specdec.models.architectures import architecture_for, supported_model_types
+from specdec.models.errors import ArtifactError, ExportError, ManifestError
+from specdec.models.manifest import MANIFEST_FILENAME, load_manifest, manifest_from_dict, write_manifest
+
+
+@pytest.fixture
+def artifact_copy(tiny_artifacts, tmp_path):
+    folder = tmp_path / "art"
+    shutil.copytree(tiny_artifacts["gpt2"], folder)
+    return folder
+
+
+def _edit(folder, change):
+    path = folder / MANIFEST_FILENAME
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_round_trip(artifact_copy):
+    manifest = load_manifest(artifact_copy)
+    write_manifest(artifact_copy, manifest)
+    again = load_manifest(artifact_copy)
+    assert again == manifest
+    assert manifest_from_dict(manifest.to_dict()) == manifest
+
+
+def test_manifest_describes_the_graphs(artifact_copy):
+    manifest = load_manifest(artifact_copy)
+    target, draft = manifest.target, manifest.draft
+    assert (target.family, target.num_layers, target.num_kv_heads, target.head_dim) == ("gpt2", 2, 4, 16)
+    assert target.past_names[1] == ["past_key_values.1.key", "past_key_values.1.value"]
+    assert target.present_names[0] == ["present.0.key", "present.0.value"]
+    assert target.kv_dtype == "float32" and target.weights_dtype == "fp32"
+    # the gpt2 draft pads its vocabulary: recorded, and the tokenizer says what is shared
+    assert (target.vocab_size, draft.vocab_size, manifest.tokenizer.vocab_size) == (400, 448, 400)
+    assert manifest.tokenizer.eos_token_ids and manifest.tokenizer.chat_template
+    assert manifest.provenance.library_versions["onnxruntime"]
+
+
+@pytest.mark.parametrize("path, message", [
+    (("target", "num_layers"), "missing field 'target.num_layers'"),
+    (("tokenizer", "eos_token_ids"), "missing field 'tokenizer.eos_token_ids'"),
+    (("provenance",), "missing field 'provenance'"),
+])
+def test_missing_field_is_named(artifact_copy, path, message):
+    def drop(data):
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        del node[path[-1]]
+
+    _edit(artifact_copy, drop)
+    with pytest.raises(ManifestError, match=message.replace(".", r"\.")):
+        load_manifest(artifact_copy)
+
+
+def test_wrong_type_is_named(artifact_copy):
+    _edit(artifact_copy, lambda d: d["target"].__setitem__("head_dim", "16"))
+    with pytest.raises(ManifestError, match=r"'target\.head_dim' should be int, got str"):
+        load_manifest(artifact_copy)
+
+
+def test_newer_version_is_refused_with_advice(artifact_copy):
+    _edit(artifact_copy, lambda d: d.__setitem__("version", 99))
+    with pytest.raises(ManifestError, match="version 99.*re-export"):
+        load_manifest(artifact_copy)
+
+
+def test_not_json(artifact_copy):
+    (artifact_copy / MANIFEST_FILENAME).write_text("{nope")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        load_manifest(artifact_copy)
+
+
+def test_changed_graph_fails_checksum(artifact_copy):
+    with open(artifact_copy / "target" / "model.onnx", "ab") as handle:
+        handle.write(b"\0")
+    with pytest.raises(ArtifactError, match="target/model.onnx.*sha256"):
+        load_manifest(artifact_copy)
+    load_manifest(artifact_copy, check_files=False)  # explicitly skipped
+
+
+def test_missing_file(artifact_copy):
+    (artifact_copy / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(ArtifactError, match="tokenizer/tokenizer.json' is missing"):
+        load_manifest(artifact_copy)
+
+
+def test_missing_folder_and_manifest(tmp_path):
+    with pytest.raises(ArtifactError, match="does not exist"):
+        load_manifest(tmp_path / "nothing")
+    with pytest.raises(ArtifactError, match="no specdec.json"):
+        load_manifest(tmp_path)
+
+
+def test_architectures():
+    assert {"gpt2", "llama", "qwen2", "mistral", "phi3"} <= set(supported_model_types())
+    gpt2 = architecture_for("gpt2")
+    config = {"n_layer": 3, "n_head": 4, "n_embd": 64, "n_positions": 128}
+    assert (gpt2.num_layers(config), gpt2.num_kv_heads(config), gpt2.head_dim(config)) == (3, 4, 16)
+    llama = architecture_for("llama")
+    config = {"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 64,
+              "max_position_embeddings": 256, "head_dim": None}
+    assert (llama.num_kv_heads(config), llama.head_dim(config), llama.max_positions(config)) == (2, 8, 256)
+    with pytest.raises(ExportError, match="unknown architecture 'bert'.*supports"):
+        architecture_for("bert")

@@ -1,0 +1,42 @@
+"""The runtime must run where torch and transformers cannot even be imported."""
+
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import importlib.abc, sys
+
+    BLOCKED = ("torch", "transformers", "optimum", "onnx")
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, Block())
+    from specdec.runtime import Engine, GenerationConfig
+    from specdec.cli.main import main  # the CLI module must not pull them in either
+
+    engine = Engine.load(sys.argv[1], provider="cpu")
+    result = engine.generate("The quick brown fox", GenerationConfig(max_new_tokens=12, num_draft_tokens=3))
+    sampled = engine.generate("Hello", GenerationConfig(max_new_tokens=8, temperature=0.9, drafter="ngram"))
+    assert len(result.token_ids) == 12 and sampled.token_ids
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+    assert not loaded, loaded
+    print("runtime ok without", ", ".join(BLOCKED))
+""")
+
+
+def test_runtime_runs_without_torch_or_transformers(tiny_artifacts):
+    completed = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_artifacts["llama"])],
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "runtime ok" in completed.stdout
+
+
+def test_blocker_really_blocks():
+    completed = subprocess.run([sys.executable, "-c", SCRIPT.split("from specdec")[0] + "import torch"],
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode != 0 and "blocked" in completed.stderr
