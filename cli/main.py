@@ -205,5 +205,58 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
         click.echo(f"--- finish: {result.finish_reason}; provider {engine.provider}\n{result.stats.summary()}", err=True)
 
 
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
+              help="JSON-lines prompt set ({\"prompt\": ..., \"chat\": true}); default: two built-in prompts.")
+@click.option("--drafter", type=click.Choice(["auto", "model", "ngram"]), default="auto", show_default=True,
+              help="Drafter to tune; auto: the draft model if the artifact has one, else n-gram.")
+@click.option("--max-k", type=click.IntRange(1, 32), default=16, show_default=True, help="Largest K to measure.")
+@click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True,
+              help="Tokens generated per prompt and run.")
+@click.option("--no-measure", is_flag=True, help="Only time the calls and estimate alpha; skip the K sweep.")
+@click.option("--plot", type=click.Path(path_type=Path), default=Path("tune.png"), show_default=True,
+              help="Where to write the PNG of expected vs measured speedup.")
+@click.option("--no-plot", is_flag=True, help="Write no PNG.")
+@click.option("--no-save", is_flag=True, help="Do not store the recommended K in the artifact.")
+@click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="onnxruntime execution provider.")
+@click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_one_line_errors
+def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, no_measure, plot, no_plot, no_save, provider,
+         threads, as_json) -> None:
+    """Measure c and alpha, compare expected and measured speedup for K = 1..max-k, store the best K."""
+    from specdec.models.manifest import update_runtime_defaults
+    from specdec.runtime.engine import Engine
+    from specdec.runtime.prompts import DEFAULT_PROMPTS, load_prompts
+    from specdec.runtime.tuning import format_table, tune as run_tune
+
+    engine = Engine.load(artifact, provider=provider, threads=threads)
+    prompts = load_prompts(prompts_file) if prompts_file else list(DEFAULT_PROMPTS)
+    kind = drafter if drafter != "auto" else ("model" if engine.draft is not None else "ngram")
+    if kind == "model" and engine.draft is None:
+        raise click.ClickException("this artifact has no draft model; tune --drafter ngram")
+    started = time.perf_counter()
+    report = run_tune(engine, prompts, kind, max_k=max_k, max_new_tokens=max_new_tokens, measure=not no_measure,
+                      progress=lambda m: click.echo(f"[{time.perf_counter() - started:6.1f}s] {m}", err=True))
+    if not no_plot:
+        from specdec.cli.plots import plot_tune
+
+        plot_tune(report, plot)
+    if not no_save:
+        update_runtime_defaults(artifact, {"num_draft_tokens": report.recommended_k, "drafter": kind,
+                                           "verify_cost": round(report.verify_cost, 4),
+                                           "tuned": {"alpha": round(report.alpha, 4),
+                                                     "cost_ratio": round(report.cost_ratio, 4)}})
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+        return
+    click.echo(format_table(report))
+    click.echo(f"\nrecommended K = {report.recommended_k}"
+               + ("" if no_save else f" (stored in {artifact}/specdec.json)")
+               + ("" if no_plot else f"; plot: {plot}"))
+
+
 if __name__ == "__main__":
     main()

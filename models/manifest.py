@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +244,17 @@ def write_manifest(artifact_dir: str | os.PathLike, manifest: Manifest) -> Path:
     path = Path(artifact_dir) / MANIFEST_FILENAME
     path.write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return path
+
+
+def update_runtime_defaults(artifact_dir: str | os.PathLike, updates: dict[str, Any]) -> Manifest:
+    """Merge `updates` into the artifact's runtime defaults, rewriting specdec.json atomically; return the new manifest."""
+    folder = Path(artifact_dir)
+    manifest = load_manifest(folder, check_files=False)
+    updated = replace(manifest, runtime_defaults={**manifest.runtime_defaults, **updates})
+    temporary = folder / (MANIFEST_FILENAME + ".tmp")
+    temporary.write_text(json.dumps(updated.to_dict(), indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, folder / MANIFEST_FILENAME)
+    return updated
 
 
 def sha256_of_file(path: str | os.PathLike) -> str:

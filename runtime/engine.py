@@ -155,8 +155,8 @@ class Engine:
 
     def _drafter(self, config: GenerationConfig, rng: np.random.Generator) -> Drafter | None:
         kind = config.drafter
-        if kind == "auto":
-            kind = "model" if self.draft is not None else "ngram"
+        if kind == "auto":  # what `specdec tune` chose, else the draft model if there is one
+            kind = self.manifest.runtime_defaults.get("drafter") or ("model" if self.draft is not None else "ngram")
         if kind == "none":
             return None
         if kind == "model":

@@ -1,0 +1,49 @@
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from specdec.cli.main import main
+from specdec.models.manifest import load_manifest
+from specdec.runtime.engine import Engine, GenerationConfig
+from specdec.runtime.prompts import load_prompts
+from specdec.runtime.tuning import TuneReport, expected_speedup_with_verify_curve
+
+
+def test_expected_speedup_with_verify_curve():
+    # verify ratio 1 is the paper's formula; a costlier verify lowers it
+    assert expected_speedup_with_verify_curve(0.5, 2, 0.1, 1.0) == pytest.approx(1.75 / 1.2)
+    assert expected_speedup_with_verify_curve(0.5, 2, 0.1, 1.3) == pytest.approx(1.75 / 1.5)
+
+
+def test_verify_cost_fit():
+    report = TuneReport("ngram", 0.5, 0.0, [1.0, 1.1, 1.2, 1.3], 0.0, 10.0)
+    assert report.verify_cost == pytest.approx(0.1)
+
+
+def test_tune_stores_k_that_the_runtime_then_uses(tiny_artifacts, tmp_path):
+    artifact = tmp_path / "art"
+    shutil.copytree(tiny_artifacts["llama"], artifact)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": "one, two, three, one, two,", "chat": False}) + "\n")
+    result = CliRunner().invoke(main, ["tune", str(artifact), "--prompts", str(prompts), "--max-k", "3",
+                                       "--max-new-tokens", "8", "--plot", str(tmp_path / "tune.png"),
+                                       "--provider", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "| K |" in result.output and "recommended K" in result.output
+    assert (tmp_path / "tune.png").stat().st_size > 1000
+    stored = load_manifest(artifact).runtime_defaults
+    assert 1 <= stored["num_draft_tokens"] <= 3 and stored["drafter"] == "model"
+    engine = Engine.load(artifact, provider="cpu")
+    stats = engine.generate("Hello", GenerationConfig(max_new_tokens=6)).stats
+    assert stats.num_draft_tokens == str(stored["num_draft_tokens"]) and stats.drafter == "model"
+
+
+def test_bad_prompt_file(tmp_path):
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"text": "no prompt field"}\n')
+    with pytest.raises(Exception, match="p.jsonl:1"):
+        load_prompts(bad)
+    result = CliRunner().invoke(main, ["tune", str(tmp_path), "--prompts", str(bad)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
