@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARTIFACT ?= artifacts/smollm2
 PROMPT ?= Explain in two sentences why speculative decoding is faster than plain decoding.
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast demo bench bench-full anchors-genai clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -40,3 +40,24 @@ bench: $(STAMP) $(ARTIFACT)/specdec.json
 
 clean:
 	rm -rf $(VENV) artifacts benchmarks/out
+
+# onnxruntime-genai anchor in its own venv (its builder needs transformers >= 5; optimum-onnx needs < 4.58).
+GENAI_VENV := .venv-genai
+GENAI_MODEL := benchmarks/out/smollm2-genai
+$(GENAI_VENV)/.installed:
+	$(PYTHON) -m venv $(GENAI_VENV)
+	$(GENAI_VENV)/bin/pip install -q --upgrade pip
+	$(GENAI_VENV)/bin/pip install -q torch==2.13.0 'transformers>=5' onnxruntime-genai onnx numpy
+	touch $@
+
+$(GENAI_MODEL)/genai_config.json: $(GENAI_VENV)/.installed | $(STAMP)
+	$(BIN)/python -m specdec.bench.genai_anchor save-hf "$$($(BIN)/python -m specdec.exporter.bundled)" benchmarks/out/smollm2-hf
+	$(GENAI_VENV)/bin/python -m onnxruntime_genai.models.builder -i benchmarks/out/smollm2-hf -o $(GENAI_MODEL) -p fp32 -e cpu
+	$(BIN)/python -m specdec.bench.genai_anchor fix-tokenizer $(GENAI_MODEL)
+
+anchors-genai: $(GENAI_MODEL)/genai_config.json
+
+# The full benchmark, anchors included; regenerates benchmarks/RESULTS.md.
+bench-full: $(STAMP) $(ARTIFACT)/specdec.json anchors-genai
+	$(BIN)/specdec bench $(ARTIFACT) --output benchmarks/out --results benchmarks/RESULTS.md \
+		--genai-python $(GENAI_VENV)/bin/python --genai-model $(GENAI_MODEL)

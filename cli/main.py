@@ -258,5 +258,9 @@ def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, no_measure, plo
                + ("" if no_plot else f"; plot: {plot}"))
 
 
+from specdec.cli.bench import bench  # noqa: E402  (registered last: it only adds a command)
+
+main.add_command(bench)
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,65 @@
+"""What users would run instead, measured on the same prompts: Hugging Face transformers in PyTorch.
+
+Needs the `export` extra (torch, transformers). onnxruntime-genai lives in its own venv
+(see benchmarks/genai_anchor.py), since its builder needs transformers >= 5.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+
+@dataclass
+class AnchorRun:
+    """One anchor generation."""
+
+    system: str  # e.g. "transformers greedy"
+    prompt_id: str
+    token_ids: list[int]
+    seconds: float  # wall time of generate(), prefill included
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Return new tokens per second over the whole call."""
+        return len(self.token_ids) / self.seconds if self.seconds else 0.0
+
+
+def load_torch_model(source: str, threads: int | None = None):
+    """Return a transformers model (fp32, eval) for a GGUF file or local folder."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if threads:
+        torch.set_num_threads(threads)
+    path = Path(source)
+    if source.lower().endswith(".gguf"):
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype="float32")
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype="float32")
+    return model.eval()
+
+
+def run_transformers(model, prompt_ids: dict[str, list[int]], max_new_tokens: int, eos_token_ids: Sequence[int],
+                     prompt_lookup: int = 10, repeats: int = 1,
+                     progress: Callable[[str], None] = lambda message: None) -> list[AnchorRun]:
+    """Return greedy and prompt-lookup runs of transformers' generate() for every prompt (ids given)."""
+    import torch
+
+    runs = []
+    modes = [("transformers greedy", {}), ("transformers prompt-lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
+    for repeat in range(repeats):
+        for prompt_id, ids in prompt_ids.items():
+            for system, extra in (modes if repeat % 2 == 0 else modes[::-1]):
+                progress(f"repeat {repeat + 1}, {prompt_id}: {system}")
+                inputs = torch.tensor([ids])
+                start = time.perf_counter()
+                with torch.no_grad():
+                    output = model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
+                                            max_new_tokens=max_new_tokens, eos_token_id=list(eos_token_ids),
+                                            pad_token_id=eos_token_ids[0], **extra)
+                seconds = time.perf_counter() - start
+                runs.append(AnchorRun(system, prompt_id, output[0, len(ids):].tolist(), seconds))
+    return runs

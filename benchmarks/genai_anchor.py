@@ -1,0 +1,98 @@
+"""onnxruntime-genai as an anchor, run in its own venv (its model builder needs transformers >= 5).
+
+Set up by `make anchors-genai`:
+  1. `python -m specdec.bench.genai_anchor save-hf GGUF OUT` (specdec's venv, transformers 4.57)
+     saves the GGUF as a plain fp32 Hugging Face folder (transformers >= 5 refuses to);
+  2. genai's builder turns that folder into its own ONNX model (fp32, cpu);
+  3. `fix-tokenizer` replaces the GGUF-derived tokenizer decoder, which genai misreads as
+     SentencePiece-style (spaces would encode as -1), with a plain ByteLevel decoder.
+`specdec bench --genai-python .venv-genai/bin/python --genai-model DIR` then runs
+`worker` below in that venv on the same prompt ids as specdec.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+
+def save_hf(gguf: str, out: str) -> None:
+    """Write the GGUF model and tokenizer as an fp32 Hugging Face folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(gguf)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def fix_tokenizer(model_dir: str) -> None:
+    """Give genai's copy of tokenizer.json a plain ByteLevel decoder."""
+    path = Path(model_dir) / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
+def worker() -> None:
+    """In the genai venv: read {model, prompts: {id: ids}, max_new_tokens} on stdin, print runs as JSON."""
+    import time
+
+    import onnxruntime_genai as og
+
+    job = json.load(sys.stdin)
+    model = og.Model(job["model"])
+    runs = []
+    modes = [("onnxruntime-genai greedy", None), ("onnxruntime-genai ngram", {"ngram_size": 3, "max_draft_tokens": 4})]
+    for repeat in range(job.get("repeats", 1)):
+        for prompt_id, ids in job["prompts"].items():
+            for system, speculative in (modes if repeat % 2 == 0 else modes[::-1]):
+                params = og.GeneratorParams(model)
+                params.set_search_options(do_sample=False, max_length=len(ids) + job["max_new_tokens"])
+                if speculative:
+                    if not hasattr(params, "set_speculative_options"):
+                        continue
+                    params.set_speculative_options(**speculative)
+                start = time.perf_counter()
+                generator = og.Generator(model, params)
+                generator.append_tokens(ids)
+                while not generator.is_done():
+                    generator.generate_next_token()
+                seconds = time.perf_counter() - start
+                tokens = list(generator.get_sequence(0))[len(ids):]
+                runs.append({"system": system, "prompt_id": prompt_id, "token_ids": [int(t) for t in tokens],
+                             "seconds": seconds})
+    json.dump(runs, sys.stdout)
+
+
+def run_genai(python: Path, model_dir: Path | None, prompt_ids: dict[str, list[int]], max_new_tokens: int,
+              progress: Callable[[str], None] = lambda message: None, repeats: int = 1) -> list:
+    """Return AnchorRuns from onnxruntime-genai, run by `python` (a venv with onnxruntime-genai)."""
+    from specdec.bench.anchors import AnchorRun
+    from specdec.models.errors import SpecdecError  # imported here: the worker runs without specdec
+
+    if model_dir is None or not Path(model_dir, "genai_config.json").is_file():
+        raise SpecdecError("--genai-python needs --genai-model, a folder made by genai's builder (make anchors-genai)")
+    progress(f"onnxruntime-genai anchor: {model_dir}")
+    job = {"model": str(model_dir), "prompts": prompt_ids, "max_new_tokens": max_new_tokens, "repeats": repeats}
+    completed = subprocess.run([str(python), __file__, "worker"], input=json.dumps(job), capture_output=True,
+                               text=True, timeout=3600)
+    if completed.returncode != 0:
+        raise SpecdecError(f"onnxruntime-genai anchor failed: {completed.stderr.strip().splitlines()[-1:]}")
+    return [AnchorRun(**run) for run in json.loads(completed.stdout)]
+
+
+if __name__ == "__main__":
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "save-hf":
+        save_hf(sys.argv[2], sys.argv[3])
+    elif command == "fix-tokenizer":
+        fix_tokenizer(sys.argv[2])
+    elif command == "worker":
+        worker()
+    else:
+        sys.exit("usage: genai_anchor.py save-hf GGUF OUT | fix-tokenizer DIR | worker < job.json")

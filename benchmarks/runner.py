@@ -1,0 +1,111 @@
+"""Running specdec configurations side by side on a prompt set, alternating, with repeats."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from specdec.runtime.engine import Engine, GenerationConfig
+from specdec.runtime.prompts import PromptCase
+
+BASELINE = "target-only"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One way of decoding: a drafter and K."""
+
+    name: str
+    drafter: str  # "none", "model" or "ngram"
+    num_draft_tokens: int | str | None = None
+
+
+@dataclass
+class Run:
+    """One generation of one prompt under one configuration."""
+
+    repeat: int
+    prompt: PromptCase
+    config: BenchConfig
+    token_ids: list[int]
+    stats: dict
+
+
+def configurations(engine: Engine, k: int) -> list[BenchConfig]:
+    """Return target-only, then each available drafter at fixed K and at auto."""
+    configs = [BenchConfig(BASELINE, "none")]
+    drafters = (["model"] if engine.draft is not None else []) + ["ngram"]
+    for drafter in drafters:
+        configs.append(BenchConfig(f"{drafter} K={k}", drafter, k))
+        configs.append(BenchConfig(f"{drafter} auto", drafter, "auto"))
+    return configs
+
+
+def run_bench(engine: Engine, prompts: Sequence[PromptCase], configs: Sequence[BenchConfig], max_new_tokens: int,
+              repeats: int, progress: Callable[[str], None] = lambda message: None) -> list[Run]:
+    """Return every run. Within a repeat each prompt runs all configurations back to back, in an
+    order rotated per prompt and repeat, so slow drift of the machine hits all of them alike."""
+    runs = []
+    total = repeats * len(prompts) * len(configs)
+    for repeat in range(repeats):
+        for index, case in enumerate(prompts):
+            shift = (repeat + index) % len(configs)
+            for config in list(configs[shift:]) + list(configs[:shift]):
+                progress(f"[{len(runs) + 1}/{total}] repeat {repeat + 1}, {case.id}: {config.name}")
+                result = engine.generate(case.prompt, GenerationConfig(
+                    max_new_tokens=max_new_tokens, drafter=config.drafter,
+                    num_draft_tokens=config.num_draft_tokens, chat=case.chat))
+                runs.append(Run(repeat, case, config, result.token_ids, result.stats.as_dict()))
+    return runs
+
+
+def summarize(runs: Sequence[Run]) -> list[dict]:
+    """Return one row per (prompt, configuration) with medians over repeats.
+
+    speedup is the median over repeats of (decode tokens/s) / (target-only decode tokens/s
+    of the same prompt in the same repeat); greedy_equal says whether the tokens match
+    target-only's.
+    """
+    baseline = {(r.repeat, r.prompt.id): r for r in runs if r.config.name == BASELINE}
+    rows = []
+    keys = list(dict.fromkeys((r.prompt.id, r.config.name) for r in runs))
+    for prompt_id, config_name in keys:
+        group = [r for r in runs if r.prompt.id == prompt_id and r.config.name == config_name]
+        ratios = [r.stats["decode_tokens_per_second"] / baseline[(r.repeat, prompt_id)].stats["decode_tokens_per_second"]
+                  for r in group]
+        median = lambda key: statistics.median(r.stats[key] for r in group)  # noqa: E731
+        total = median("total_seconds")
+        rows.append({
+            "prompt": prompt_id,
+            "group": group[0].prompt.group,
+            "config": config_name,
+            "tokens": median("new_tokens"),
+            "tokens_per_second": median("tokens_per_second"),  # end to end, prefill included
+            "decode_tokens_per_second": median("decode_tokens_per_second"),
+            "speedup": statistics.median(ratios),
+            "alpha": median("alpha"),
+            "acceptance_rate": median("acceptance_rate"),
+            "tokens_per_target_call": median("tokens_per_target_call"),
+            "draft_share": median("draft_seconds") / total if total else 0.0,
+            "target_share": (median("target_seconds") + median("prefill_seconds")) / total if total else 0.0,
+            "other_share": median("other_seconds") / total if total else 0.0,
+            "theoretical_speedup": median("theoretical_speedup"),
+            "greedy_equal": all(r.token_ids == baseline[(r.repeat, prompt_id)].token_ids for r in group),
+        })
+    return rows
+
+
+def group_summary(rows: Sequence[dict]) -> list[dict]:
+    """Return per (group, configuration): median speedup, median theoretical speedup, and their ratio."""
+    out = []
+    for group, config in dict.fromkeys((r["group"], r["config"]) for r in rows):
+        sel = [r for r in rows if r["group"] == group and r["config"] == config]
+        speedup = statistics.median(r["speedup"] for r in sel)
+        theory = statistics.median(r["theoretical_speedup"] for r in sel)
+        out.append({"group": group, "config": config, "speedup": speedup, "theoretical_speedup": theory,
+                    "share_of_theory": speedup / theory if theory else 0.0,
+                    "tokens_per_second": statistics.median(r["tokens_per_second"] for r in sel),
+                    "decode_tokens_per_second": statistics.median(r["decode_tokens_per_second"] for r in sel),
+                    "greedy_equal": all(r["greedy_equal"] for r in sel)})
+    return out

@@ -1,0 +1,152 @@
+"""`specdec bench`: the benchmark suite, side by side with the anchors, as Markdown, JSON and PNG."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import click
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}"
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for package in ("specdec", "onnxruntime", "onnxruntime-gpu", "numpy", "tokenizers", "torch", "transformers",
+                    "onnxruntime-genai"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
+              help="JSON-lines prompt set (default: the versioned set shipped with specdec, benchmarks/prompts.jsonl).")
+@click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=128, show_default=True,
+              help="Tokens generated per prompt and run (greedy).")
+@click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="Times every (prompt, configuration) runs; the report quotes medians.")
+@click.option("-k", "--num-draft-tokens", type=click.IntRange(1, 32), default=None,
+              help="Fixed K of the speculative configurations (default: the artifact's tuned K, else 4).")
+@click.option("--anchors/--no-anchors", default=True, show_default=True,
+              help="Also run transformers generate (greedy, prompt lookup) when torch is installed.")
+@click.option("--genai-python", type=click.Path(path_type=Path), default=None,
+              help="Python of a venv with onnxruntime-genai (`make anchors-genai`) to run it as an anchor.")
+@click.option("--genai-model", type=click.Path(path_type=Path), default=None,
+              help="Folder of the genai builder's model for --genai-python.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("benchmarks/out"), show_default=True,
+              help="Folder for bench.json and bench.png.")
+@click.option("--results", type=click.Path(path_type=Path), default=None,
+              help="Also write the Markdown report to this file (e.g. benchmarks/RESULTS.md).")
+@click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="onnxruntime execution provider.")
+@click.option("--threads", type=int, default=None, help="Threads for onnxruntime and torch (default: all cores).")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the Markdown table.")
+@click.option("--no-plot", is_flag=True, help="Write no PNG.")
+def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anchors, genai_python, genai_model,
+          output, results, provider, threads, as_json, no_plot) -> None:
+    """Benchmark target-only and every drafter (fixed K and auto) on a prompt set, plus the anchors."""
+    from specdec.bench import PROMPT_SET_VERSION, PROMPTS_FILE
+    from specdec.bench.report import anchor_rows, markdown_report
+    from specdec.bench.runner import BASELINE, configurations, group_summary, run_bench, summarize
+    from specdec.models.manifest import sha256_of_file
+    from specdec.runtime.engine import DEFAULT_DRAFT_TOKENS, Engine
+    from specdec.runtime.prompts import load_prompts
+
+    started = time.perf_counter()
+
+    def progress(message: str) -> None:
+        click.echo(f"[{time.perf_counter() - started:7.1f}s] {message}", err=True)
+
+    prompt_path = prompts_file or PROMPTS_FILE
+    prompts = load_prompts(prompt_path)
+    engine = Engine.load(artifact, provider=provider, threads=threads)
+    k = num_draft_tokens or int(engine.manifest.runtime_defaults.get("num_draft_tokens", DEFAULT_DRAFT_TOKENS))
+    configs = configurations(engine, k)
+    runs = run_bench(engine, prompts, configs, max_new_tokens, repeats, progress)
+    rows = summarize(runs)
+    groups = group_summary(rows)
+
+    anchor_table: list[dict] = []
+    anchor_runs: list = []
+    prompt_ids = {case.id: engine.prompt_ids(case.prompt, case.chat) for case in prompts}
+    eos = sorted(engine.eos_token_ids)
+    if anchors:
+        anchor_runs += _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress)
+    if genai_python:
+        from specdec.bench.genai_anchor import run_genai
+
+        anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress)
+    if anchor_runs:
+        baseline_text = {r.prompt.id: engine.codec.decode(r.token_ids)
+                         for r in runs if r.config.name == BASELINE and r.repeat == 0}
+        ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
+        anchor_table = anchor_rows(
+            anchor_runs, rows, {case.id: case.group for case in prompts}, baseline_text, engine.codec.decode,
+            {"transformers greedy": BASELINE, "transformers prompt-lookup": ngram_fixed,
+             "onnxruntime-genai greedy": BASELINE, "onnxruntime-genai ngram": ngram_fixed})
+
+    meta = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "command": " ".join(["specdec"] + sys.argv[1:]),
+        "artifact": str(artifact),
+        "target": engine.manifest.target.source.split("/")[-1],
+        "draft": engine.manifest.draft.source.split("/")[-1] if engine.manifest.draft else "none (n-gram drafting)",
+        "prompt_set_version": PROMPT_SET_VERSION,
+        "prompt_set_sha256": sha256_of_file(prompt_path),
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "provider": engine.provider,
+        "versions": _versions(),
+    }
+    document = {"meta": meta, "groups": groups, "rows": rows, "anchors": anchor_table,
+                "anchor_runs": [{**a.__dict__, "tokens_per_second": a.tokens_per_second} for a in anchor_runs]}
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "bench.json").write_text(json.dumps(document, indent=2) + "\n")
+    markdown = markdown_report(meta, groups, rows, anchor_table)
+    if not no_plot:
+        from specdec.cli.plots import plot_bench
+
+        plot_bench(rows, output / "bench.png")
+        markdown += "\n![speedup per prompt and configuration](out/bench.png)\n"
+    if results:
+        results.write_text(markdown)
+    click.echo(json.dumps(document, indent=2) if as_json else markdown)
+    progress(f"wrote {output / 'bench.json'}" + ("" if no_plot else f", {output / 'bench.png'}")
+             + (f", {results}" if results else ""))
+
+
+def _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress) -> list:
+    try:
+        from specdec.bench.anchors import load_torch_model, run_transformers
+    except ImportError:
+        progress("transformers anchor skipped: torch/transformers not installed (pip install 'specdec[export]')")
+        return []
+    source = engine.manifest.target.source
+    if not Path(source).exists():
+        progress(f"transformers anchor skipped: target source '{source}' is not on this machine")
+        return []
+    progress(f"transformers anchor: loading {source}")
+    model = load_torch_model(source, threads)
+    return run_transformers(model, prompt_ids, max_new_tokens, eos, progress=progress)

@@ -1,0 +1,39 @@
+import json
+
+from click.testing import CliRunner
+
+from specdec.bench import PROMPTS_FILE
+from specdec.cli.main import main
+from specdec.runtime.prompts import load_prompts
+
+
+def test_shipped_prompt_set_has_both_groups():
+    cases = load_prompts(PROMPTS_FILE)
+    groups = [c.group for c in cases]
+    assert groups.count("grounded") == 3 and groups.count("open") == 3
+    assert all(len(c.prompt.split()) > 150 for c in cases if c.group == "grounded")
+
+
+def test_bench_writes_table_json_and_plot(tiny_artifacts, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "g", "group": "grounded", "prompt": "one, two, three, one, two, three, one,", "chat": False})
+        + "\n" + json.dumps({"id": "o", "group": "open", "prompt": "Hello world", "chat": False}) + "\n")
+    out = tmp_path / "out"
+    results = tmp_path / "RESULTS.md"
+    result = CliRunner().invoke(main, ["bench", str(tiny_artifacts["llama"]), "--prompts", str(prompts),
+                                       "--max-new-tokens", "8", "--repeats", "2", "-k", "3", "--output", str(out),
+                                       "--results", str(results), "--provider", "cpu"])
+    assert result.exit_code == 0, result.output
+    document = json.loads((out / "bench.json").read_text())
+    configs = {row["config"] for row in document["rows"]}
+    assert configs == {"target-only", "model K=3", "model auto", "ngram K=3", "ngram auto"}
+    assert all(row["greedy_equal"] for row in document["rows"])
+    baseline = [r for r in document["rows"] if r["config"] == "target-only"]
+    assert all(r["speedup"] == 1.0 for r in baseline)
+    systems = {a["system"] for a in document["anchors"]}
+    assert systems == {"transformers greedy", "transformers prompt-lookup"}
+    assert all(a["greedy_equal_text"] == "1/1" for a in document["anchors"] if a["system"] == "transformers greedy")
+    assert (out / "bench.png").stat().st_size > 1000
+    text = results.read_text()
+    assert "| grounded | model K=3 |" in text and "## Anchors" in text
