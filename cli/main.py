@@ -214,6 +214,8 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
 @click.option("--max-k", type=click.IntRange(1, 32), default=16, show_default=True, help="Largest K to measure.")
 @click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True,
               help="Tokens generated per prompt and run.")
+@click.option("--repeats", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Runs per prompt and K; the measured speedup is the median of per-run ratios.")
 @click.option("--no-measure", is_flag=True, help="Only time the calls and estimate alpha; skip the K sweep.")
 @click.option("--plot", type=click.Path(path_type=Path), default=Path("tune.png"), show_default=True,
               help="Where to write the PNG of expected vs measured speedup.")
@@ -224,7 +226,7 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
-def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, no_measure, plot, no_plot, no_save, provider,
+def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, repeats, no_measure, plot, no_plot, no_save, provider,
          threads, as_json) -> None:
     """Measure c and alpha, compare expected and measured speedup for K = 1..max-k, store the best K."""
     from specdec.models.manifest import update_runtime_defaults
@@ -239,6 +241,7 @@ def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, no_measure, plo
         raise click.ClickException("this artifact has no draft model; tune --drafter ngram")
     started = time.perf_counter()
     report = run_tune(engine, prompts, kind, max_k=max_k, max_new_tokens=max_new_tokens, measure=not no_measure,
+                      repeats=repeats,
                       progress=lambda m: click.echo(f"[{time.perf_counter() - started:6.1f}s] {m}", err=True))
     if not no_plot:
         from specdec.cli.plots import plot_tune

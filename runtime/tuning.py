@@ -81,23 +81,43 @@ class TuneReport:
         return data
 
 
-def _run_set(engine: Engine, prompts: Sequence[PromptCase], config: GenerationConfig) -> tuple[float, int, int, int]:
-    seconds = tokens = accepted = tests = 0
-    for case in prompts:
-        result = engine.generate(case.prompt, GenerationConfig(**{**config.__dict__, "chat": case.chat}))
-        seconds += result.stats.total_seconds - result.stats.prefill_seconds
-        tokens += result.stats.new_tokens - 1
-        accepted += result.stats.accepted
-        tests += result.stats.acceptance_tests
-    return seconds, tokens, accepted, tests
+@dataclass
+class _Measured:
+    speedup: float  # median over prompts and repeats of speculative / target-only decode tokens/s
+    accepted: int
+    tests: int
+    baseline_tokens_per_second: float
+
+
+def _measure_k(engine: Engine, prompts: Sequence[PromptCase], base: GenerationConfig, k: int,
+               repeats: int) -> _Measured:
+    ratios, baseline = [], []
+    accepted = tests = 0
+    plain_config = GenerationConfig(**{**base.__dict__, "drafter": "none"})
+    spec_config = GenerationConfig(**{**base.__dict__, "num_draft_tokens": k})
+    for repeat in range(repeats):
+        for index, case in enumerate(prompts):
+            # Back to back on the same prompt, order flipped each time: drift hits both sides alike.
+            order = [plain_config, spec_config] if (repeat + index) % 2 == 0 else [spec_config, plain_config]
+            results = {}
+            for config in order:
+                result = engine.generate(case.prompt, GenerationConfig(**{**config.__dict__, "chat": case.chat}))
+                results[config.drafter == "none"] = result.stats
+            plain, spec = results[True], results[False]
+            ratios.append(spec.decode_tokens_per_second / plain.decode_tokens_per_second)
+            baseline.append(plain.decode_tokens_per_second)
+            accepted += spec.accepted
+            tests += spec.acceptance_tests
+    return _Measured(statistics.median(ratios), accepted, tests, statistics.median(baseline))
 
 
 def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int = 16, max_new_tokens: int = 64,
-         measure: bool = True, progress: Callable[[str], None] = lambda message: None) -> TuneReport:
+         measure: bool = True, repeats: int = 1,
+         progress: Callable[[str], None] = lambda message: None) -> TuneReport:
     """Return expected and measured speedups for K = 1..max_k with the given drafter.
 
-    Measured runs alternate target-only and speculative decoding over the same prompts, so
-    drift on a noisy machine hits both; speedups are ratios of decode tokens/s.
+    Each measurement runs target-only and speculative decoding back to back on the same
+    prompt (order alternating), and the measured speedup is the median of their ratios.
     """
     context = engine.prompt_ids(prompts[0].prompt, prompts[0].chat)[:256]
     progress("timing target calls over 1..%d tokens" % (max_k + 1))
@@ -109,38 +129,30 @@ def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int
     cost_ratio = draft_step / target_times[0]
 
     base = GenerationConfig(max_new_tokens=max_new_tokens, drafter=drafter)
-    measured: dict[int, float] = {}
-    alphas: dict[int, float] = {}
-    total_accepted = total_tests = 0
-    baseline_seconds = baseline_tokens = 0.0
+    measured: dict[int, _Measured] = {}
     if measure:
         for k in range(1, max_k + 1):
             progress(f"measuring K={k} against target-only")
-            plain = _run_set(engine, prompts, GenerationConfig(**{**base.__dict__, "drafter": "none"}))
-            spec = _run_set(engine, prompts, GenerationConfig(**{**base.__dict__, "num_draft_tokens": k}))
-            baseline_seconds += plain[0]
-            baseline_tokens += plain[1]
-            measured[k] = (spec[1] / spec[0]) / (plain[1] / plain[0])
-            alphas[k] = spec[2] / spec[3] if spec[3] else 0.0
-            total_accepted += spec[2]
-            total_tests += spec[3]
+            measured[k] = _measure_k(engine, prompts, base, k, repeats)
     else:
         progress("estimating alpha at K=4")
-        spec = _run_set(engine, prompts, GenerationConfig(**{**base.__dict__, "num_draft_tokens": 4}))
-        total_accepted, total_tests = spec[2], spec[3]
-    alpha = total_accepted / total_tests if total_tests else 0.0
+        measured_alpha = _measure_k(engine, prompts, base, 4, 1)
+    pool = list(measured.values()) or [measured_alpha]
+    accepted, tests = sum(m.accepted for m in pool), sum(m.tests for m in pool)
+    alpha = accepted / tests if tests else 0.0
 
     report = TuneReport(drafter=drafter, alpha=alpha, cost_ratio=cost_ratio, target_step_seconds=target_times,
                         draft_step_seconds=draft_step,
-                        baseline_tokens_per_second=baseline_tokens / baseline_seconds if baseline_seconds else 0.0)
+                        baseline_tokens_per_second=statistics.median(m.baseline_tokens_per_second for m in pool))
     for k in range(1, max_k + 1):
-        a = alphas.get(k, alpha)
+        m = measured.get(k)
+        a = m.accepted / m.tests if m and m.tests else alpha
         report.rows.append(TuneRow(
             k=k,
             expected_paper=expected_tokens_per_iteration(a, k) / (k * cost_ratio + 1.0),
             expected=expected_speedup_with_verify_curve(a, k, cost_ratio, target_times[k] / target_times[0]),
-            measured=measured.get(k),
-            alpha_measured=alphas.get(k),
+            measured=m.speedup if m else None,
+            alpha_measured=a if m else None,
         ))
     score = (lambda row: row.measured) if measure else (lambda row: row.expected)
     report.recommended_k = max(report.rows, key=score).k
