@@ -48,7 +48,7 @@ GENAI_MODEL := benchmarks/out/smollm2-genai
 $(GENAI_VENV)/.installed:
 	$(PYTHON) -m venv $(GENAI_VENV)
 	$(GENAI_VENV)/bin/pip install -q --upgrade pip
-	$(GENAI_VENV)/bin/pip install -q torch==2.13.0 'transformers>=5' onnxruntime-genai onnx numpy
+	$(GENAI_VENV)/bin/pip install -q torch==2.13.0 'transformers>=5' onnxruntime-genai onnx onnx_ir numpy
 	touch $@
 
 $(GENAI_MODEL)/genai_config.json: $(GENAI_VENV)/.installed | $(STAMP)

@@ -65,8 +65,10 @@ def main() -> None:
 @click.option("--atol", type=float, default=None,
               help="Max |logit difference| ONNX vs PyTorch in validation (default 1e-2 fp32, 1e-1 fp16).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) of hub sources.")
+@click.option("--optimize/--no-optimize", default=True, show_default=True,
+              help="Apply onnxruntime's transformer fusions where they were measured to help the family.")
 @_one_line_errors
-def export(target, draft, output, dtype, device, opset, trust_remote_code, force, atol, revision) -> None:
+def export(target, draft, output, dtype, device, opset, trust_remote_code, force, atol, revision, optimize) -> None:
     """Export a draft and a target model into one validated artifact folder."""
     from specdec.exporter.pipeline import ExportConfig, run_export
 
@@ -86,6 +88,7 @@ def export(target, draft, output, dtype, device, opset, trust_remote_code, force
         force=force,
         atol=atol,
         revision=revision,
+        optimize=optimize,
         command=" ".join(["specdec"] + sys.argv[1:]),
     )
     run_export(config, progress)
@@ -115,6 +118,12 @@ def inspect(artifact, as_json, no_verify) -> None:
             f"max positions {graph.max_positions}\n"
             f"         graph {graph.graph_file}; position ids: {graph.position_ids_name or 'none'}"
         )
+        applied = graph.optimization.get("applied")
+        if applied:
+            fused = ", ".join(f"{op} x{n}" for op, n in graph.optimization.get("fused_operators", {}).items())
+            click.echo(f"         optimized: {'; '.join(applied)}" + (f" ({fused})" if fused else ""))
+        else:
+            click.echo(f"         plain optimum graph: {graph.optimization.get('note') or 'exported before the optimization stage'}")
         if report:
             click.echo(
                 f"         validation: max |logit diff| {max(report['max_logit_diff_prefill'], report['max_logit_diff_step']):.2e} "

@@ -22,6 +22,7 @@ from specdec.models.manifest import (
 )
 from specdec.exporter.onnx_export import export_onnx, read_layout
 from specdec.exporter.kv_slice import write_kv_slice_graph
+from specdec.exporter.optimize import optimize_graph
 from specdec.exporter.sources import LoadedSource, load_source
 from specdec.exporter.staging import check_output_path, staged_folder
 from specdec.exporter.tokenizer_check import check_tokenizers_compatible
@@ -43,6 +44,7 @@ class ExportConfig:
     trust_remote_code: bool = False
     force: bool = False  # replace an existing output folder
     atol: float | None = None  # max logit difference in validation; None: per-dtype default
+    optimize: bool = True  # run the optimization stage (onnxruntime fusions) where the family has one
     revision: str | None = None
     command: str | None = None  # the command line, recorded in provenance
     library_versions: dict[str, str] = field(default_factory=dict)
@@ -90,6 +92,11 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
     for name in layout.files:
         shutil.move(str(graph_path.parent / name), str(folder / name))
     shutil.rmtree(graph_path.parent)
+    if config.optimize:
+        progress(f"{role}: optimizing the graph")
+        optimization = optimize_graph(folder / layout.files[0], arch, loaded.config).as_dict()
+    else:
+        optimization = {"applied": [], "note": "--no-optimize"}
     kv_heads, head_dim = arch.num_kv_heads(loaded.config), arch.head_dim(loaded.config)
     kv_slice = write_kv_slice_graph(folder / "kv_slice.onnx", 2 * num_layers, kv_heads, head_dim, layout.kv_dtype)
     files = [f"{role}/{name}" for name in layout.files]
@@ -116,6 +123,7 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         weights_dtype=config.dtype,
         source=loaded.source,
         revision=loaded.revision,
+        optimization=optimization,
     )
 
 

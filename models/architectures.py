@@ -33,6 +33,9 @@ class ArchitectureSpec:
     positions_key: str = "max_position_embeddings"
     # Some configs carry an explicit head_dim that differs from hidden / heads.
     head_dim_key: str | None = "head_dim"
+    # onnxruntime.transformers optimizer model type whose fusions the exporter applies
+    # (None: keep the plain optimum graph). Chosen by measurement, see benchmarks/RESULTS.md.
+    ort_fusion_type: str | None = None
 
     def num_layers(self, config: Mapping[str, Any]) -> int:
         """Return the number of transformer layers."""

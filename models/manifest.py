@@ -25,8 +25,9 @@ from specdec.models.errors import ArtifactError, ManifestError
 MANIFEST_FILENAME = "specdec.json"
 MANIFEST_FORMAT = "specdec-artifact"
 # Bump when the runtime can no longer read older artifacts the same way.
-MANIFEST_VERSION = 1
-SUPPORTED_MANIFEST_VERSIONS = (1,)
+# v2 added GraphSpec.optimization; v1 artifacts load as plain graphs.
+MANIFEST_VERSION = 2
+SUPPORTED_MANIFEST_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class GraphSpec:
     weights_dtype: str  # "fp32" or "fp16"
     source: str  # hub id, folder or GGUF path it was exported from
     revision: str | None = None
+    # What the exporter's optimization stage did: applied steps, fused operators, graph
+    # sha256 before/after, or a note on why the plain graph was kept ({} in v1 artifacts).
+    optimization: dict[str, Any] = field(default_factory=dict)
 
     @property
     def graph_file(self) -> str:
@@ -160,6 +164,7 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         weights_dtype=s("weights_dtype"),
         source=s("source"),
         revision=s("revision", True),
+        optimization=_get(data, "optimization", (dict,), where, True) or {},
     )
     if not spec.files:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")

@@ -2,7 +2,9 @@ import json
 import shutil
 
 import pytest
+from click.testing import CliRunner
 
+from specdec.cli.main import main
 from specdec.models.architectures import architecture_for, supported_model_types
 from specdec.models.errors import ArtifactError, ExportError, ManifestError
 from specdec.models.manifest import MANIFEST_FILENAME, load_manifest, manifest_from_dict, write_manifest
@@ -110,3 +112,21 @@ def test_architectures():
     assert (llama.num_kv_heads(config), llama.head_dim(config), llama.max_positions(config)) == (2, 8, 256)
     with pytest.raises(ExportError, match="unknown architecture 'bert'.*supports"):
         architecture_for("bert")
+
+
+def test_v1_manifest_still_loads_and_runs(artifact_copy):
+    """Artifacts exported before the optimization stage (manifest v1) keep working as plain graphs."""
+    from specdec.runtime.engine import Engine, GenerationConfig
+
+    def to_v1(data):
+        data["version"] = 1
+        for role in ("target", "draft"):
+            data[role].pop("optimization", None)
+
+    _edit(artifact_copy, to_v1)
+    manifest = load_manifest(artifact_copy)
+    assert manifest.version == 1 and manifest.target.optimization == {}
+    result = Engine.load(artifact_copy, provider="cpu").generate("Hello", GenerationConfig(max_new_tokens=4))
+    assert len(result.token_ids) == 4
+    shown = CliRunner().invoke(main, ["inspect", str(artifact_copy)])
+    assert "exported before the optimization stage" in shown.output
