@@ -66,7 +66,12 @@ def _require(config: Mapping[str, Any], key: str, family: str) -> Any:
     return config[key]
 
 
-_LLAMA_LIKE = ArchitectureSpec(family="llama")
+# onnxruntime's "gpt2" fusion set on optimum's llama graph fuses RMSNorm (+ residual add) into
+# SkipSimplifiedLayerNormalization and the rotary embedding into RotaryEmbedding. Measured on
+# SmolLM2-135M (2-core CPU, alternating runs, 96 greedy tokens): decode 3.5-6% faster for
+# target-only and n-gram speculation, identical greedy output. Other families stay plain
+# until measured.
+_LLAMA_LIKE = ArchitectureSpec(family="llama", ort_fusion_type="gpt2")
 
 # model_type (config.json) -> spec. Extend here, and only here, to support a family.
 _ARCHITECTURES: dict[str, ArchitectureSpec] = {

@@ -93,3 +93,19 @@ def _tiny_draft_with_tokenizer_of(gguf: Path, folder: Path) -> Path:
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def smollm2_plain_artifact(tmp_path_factory) -> Path:
+    """Return SmolLM2 exported target-only without the optimization stage."""
+    from specdec.exporter.bundled import smollm2_gguf_path
+    from specdec.exporter.pipeline import ExportConfig, run_export
+    from specdec.models.errors import ExportError
+
+    try:
+        gguf = smollm2_gguf_path()
+    except ExportError as err:
+        pytest.skip(str(err))
+    out = tmp_path_factory.mktemp("smollm2-plain") / "art"
+    run_export(ExportConfig(target=str(gguf), draft=None, output=out, optimize=False), progress=lambda m: None)
+    return out

@@ -57,3 +57,15 @@ def test_sampled_generation_is_seeded(engine):
     config = GenerationConfig(max_new_tokens=16, temperature=0.7, top_p=0.9, seed=1, drafter="ngram",
                               num_draft_tokens=3, chat=True)
     assert engine.generate(PROMPTS[1], config).token_ids == engine.generate(PROMPTS[1], config).token_ids
+
+
+def test_optimized_graph_greedy_equals_plain(engine, smollm2_plain_artifact):
+    plain = Engine.load(smollm2_plain_artifact, provider="cpu")
+    assert engine.manifest.target.optimization["applied"]
+    for prompt in PROMPTS:
+        a = greedy(plain, prompt, drafter="none", chat=True, max_new_tokens=40)
+        b = greedy(engine, prompt, drafter="ngram", num_draft_tokens=4, chat=True, max_new_tokens=40)
+        mismatches = near_tie_mismatches(plain, a.prompt_ids, a.token_ids, b.token_ids)
+        print("optimized vs plain:", mismatches)
+        if not mismatches:
+            assert a.token_ids == b.token_ids

@@ -1,0 +1,41 @@
+"""The optimization stage: recorded in the manifest, and greedy output unchanged."""
+
+import pytest
+from click.testing import CliRunner
+
+from specdec.cli.main import main
+from specdec.exporter.pipeline import ExportConfig, run_export
+from specdec.models.manifest import load_manifest
+from specdec.runtime.engine import Engine, GenerationConfig
+
+from tests.runtime.helpers import near_tie_mismatches
+
+
+@pytest.fixture(scope="module")
+def plain_llama(tiny_sources, tmp_path_factory):
+    target, draft = tiny_sources["llama"]
+    out = tmp_path_factory.mktemp("plain") / "art"
+    run_export(ExportConfig(target=str(target), draft=str(draft), output=out, optimize=False), progress=lambda m: None)
+    return out
+
+
+def test_manifest_records_the_optimization(tiny_artifacts, plain_llama):
+    optimized = load_manifest(tiny_artifacts["llama"]).target.optimization
+    assert optimized["applied"] and optimized["fused_operators"]["SkipSimplifiedLayerNormalization"] > 0
+    assert optimized["sha256_before"] != optimized["sha256_after"]
+    assert load_manifest(tiny_artifacts["llama"]).target.sha256["target/model.onnx"] == optimized["sha256_after"]
+    gpt2 = load_manifest(tiny_artifacts["gpt2"]).target.optimization
+    assert gpt2["applied"] == [] and "plain graph kept" in gpt2["note"]
+    assert load_manifest(plain_llama).target.optimization["note"] == "--no-optimize"
+    shown = CliRunner().invoke(main, ["inspect", str(tiny_artifacts["llama"])])
+    assert "optimized: onnxruntime transformers optimizer" in shown.output
+
+
+@pytest.mark.parametrize("drafter, k", [("none", None), ("model", 3), ("ngram", 4)])
+def test_optimized_greedy_equals_plain(tiny_artifacts, plain_llama, drafter, k):
+    optimized, plain = Engine.load(tiny_artifacts["llama"], provider="cpu"), Engine.load(plain_llama, provider="cpu")
+    for prompt in ("The quick brown fox", "one, two, three, one, two,", "def add(a, b):"):
+        config = GenerationConfig(max_new_tokens=40, drafter=drafter, num_draft_tokens=k)
+        a, b = plain.generate(prompt, config), optimized.generate(prompt, config)
+        if not near_tie_mismatches(plain, a.prompt_ids, a.token_ids, b.token_ids):
+            assert a.token_ids == b.token_ids
