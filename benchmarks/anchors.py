@@ -49,6 +49,9 @@ def run_transformers(model, prompt_ids: dict[str, list[int]], max_new_tokens: in
     import torch
 
     runs = []
+    first = next(iter(prompt_ids.values()))
+    with torch.no_grad():  # warm-up: the first generate() pays one-time costs
+        model.generate(torch.tensor([first]), do_sample=False, max_new_tokens=4, pad_token_id=eos_token_ids[0])
     modes = [("transformers greedy", {}), ("transformers prompt-lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
     for repeat in range(repeats):
         for prompt_id, ids in prompt_ids.items():

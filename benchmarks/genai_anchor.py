@@ -47,6 +47,12 @@ def worker() -> None:
     job = json.load(sys.stdin)
     model = og.Model(job["model"])
     runs = []
+    warm = og.GeneratorParams(model)  # warm-up: the first generator pays one-time costs
+    warm.set_search_options(do_sample=False, max_length=len(next(iter(job["prompts"].values()))) + 4)
+    warm_generator = og.Generator(model, warm)
+    warm_generator.append_tokens(next(iter(job["prompts"].values())))
+    while not warm_generator.is_done():
+        warm_generator.generate_next_token()
     modes = [("onnxruntime-genai greedy", None), ("onnxruntime-genai ngram", {"ngram_size": 3, "max_draft_tokens": 4})]
     for repeat in range(job.get("repeats", 1)):
         for prompt_id, ids in job["prompts"].items():
@@ -67,6 +73,47 @@ def worker() -> None:
                 runs.append({"system": system, "prompt_id": prompt_id, "token_ids": [int(t) for t in tokens],
                              "seconds": seconds})
     json.dump(runs, sys.stdout)
+
+
+def steps_worker() -> None:
+    """In the genai venv: time one call over n new tokens after a past of P tokens; print JSON medians."""
+    import statistics
+    import time
+
+    import onnxruntime_genai as og
+
+    job = json.load(sys.stdin)
+    model = og.Model(job["model"])
+    tokens = job["tokens"]
+    out = []
+    for past in job["past_lengths"]:
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=past + max(job["new_tokens"]) + 8)
+        generator = og.Generator(model, params)
+        generator.append_tokens(tokens[:past])
+        for n in job["new_tokens"]:
+            samples = []
+            for _ in range(job["repeats"]):
+                start = time.perf_counter()
+                generator.append_tokens(tokens[past:past + n])
+                samples.append(time.perf_counter() - start)
+                generator.rewind_to(past)
+            out.append({"past": past, "n": n, "seconds": statistics.median(samples)})
+    json.dump(out, sys.stdout)
+
+
+def genai_step_times(python: Path, model_dir: Path, tokens: list[int], past_lengths, new_tokens,
+                     repeats: int) -> dict[tuple[str, int, int], float]:
+    """Return {("onnxruntime-genai", past, n): median seconds} measured in the genai venv."""
+    from specdec.models.errors import SpecdecError
+
+    job = {"model": str(model_dir), "tokens": tokens, "past_lengths": list(past_lengths),
+           "new_tokens": list(new_tokens), "repeats": repeats}
+    completed = subprocess.run([str(python), __file__, "steps"], input=json.dumps(job), capture_output=True,
+                               text=True, timeout=3600)
+    if completed.returncode != 0:
+        raise SpecdecError(f"onnxruntime-genai step timing failed: {completed.stderr.strip().splitlines()[-1:]}")
+    return {("onnxruntime-genai", r["past"], r["n"]): r["seconds"] for r in json.loads(completed.stdout)}
 
 
 def run_genai(python: Path, model_dir: Path | None, prompt_ids: dict[str, list[int]], max_new_tokens: int,
@@ -94,5 +141,7 @@ if __name__ == "__main__":
         fix_tokenizer(sys.argv[2])
     elif command == "worker":
         worker()
+    elif command == "steps":
+        steps_worker()
     else:
         sys.exit("usage: genai_anchor.py save-hf GGUF OUT | fix-tokenizer DIR | worker < job.json")

@@ -8,6 +8,9 @@ from typing import Callable, Sequence
 
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
+from specdec.runtime.stats import GenerationStats
+
+_STATS_FIELDS = set(GenerationStats.__dataclass_fields__)
 
 BASELINE = "target-only"
 
@@ -60,11 +63,13 @@ def run_bench(engine: Engine, prompts: Sequence[PromptCase], configs: Sequence[B
     return runs
 
 
-def summarize(runs: Sequence[Run]) -> list[dict]:
+def summarize(runs: Sequence[Run], verify_cost: float = 0.0) -> list[dict]:
     """Return one row per (prompt, configuration) with medians over repeats.
 
     speedup is the median over repeats of (decode tokens/s) / (target-only decode tokens/s
-    of the same prompt in the same repeat); greedy_equal says whether the tokens match
+    of the same prompt in the same repeat); theoretical_speedup is Theorem 3.8 over each
+    run's measured alpha, c and draft lengths, and theoretical_speedup_verify the same with
+    the measured verify cost per extra token; greedy_equal says whether the tokens match
     target-only's.
     """
     baseline = {(r.repeat, r.prompt.id): r for r in runs if r.config.name == BASELINE}
@@ -91,6 +96,9 @@ def summarize(runs: Sequence[Run]) -> list[dict]:
             "target_share": (median("target_seconds") + median("prefill_seconds")) / total if total else 0.0,
             "other_share": median("other_seconds") / total if total else 0.0,
             "theoretical_speedup": median("theoretical_speedup"),
+            "theoretical_speedup_verify": statistics.median(
+                GenerationStats(**{k: v for k, v in r.stats.items() if k in _STATS_FIELDS}).expected_speedup(verify_cost)
+                for r in group),
             "greedy_equal": all(r.token_ids == baseline[(r.repeat, prompt_id)].token_ids for r in group),
         })
     return rows
@@ -103,8 +111,11 @@ def group_summary(rows: Sequence[dict]) -> list[dict]:
         sel = [r for r in rows if r["group"] == group and r["config"] == config]
         speedup = statistics.median(r["speedup"] for r in sel)
         theory = statistics.median(r["theoretical_speedup"] for r in sel)
+        theory_verify = statistics.median(r["theoretical_speedup_verify"] for r in sel)
         out.append({"group": group, "config": config, "speedup": speedup, "theoretical_speedup": theory,
                     "share_of_theory": speedup / theory if theory else 0.0,
+                    "theoretical_speedup_verify": theory_verify,
+                    "share_of_theory_verify": speedup / theory_verify if theory_verify else 0.0,
                     "tokens_per_second": statistics.median(r["tokens_per_second"] for r in sel),
                     "decode_tokens_per_second": statistics.median(r["decode_tokens_per_second"] for r in sel),
                     "greedy_equal": all(r["greedy_equal"] for r in sel)})

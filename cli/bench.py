@@ -12,6 +12,9 @@ from importlib import metadata
 from pathlib import Path
 
 import click
+import numpy as np
+
+from specdec.cli.errors import one_line_errors
 
 
 def _machine() -> str:
@@ -62,15 +65,25 @@ def _versions() -> dict[str, str]:
 @click.option("--threads", type=int, default=None, help="Threads for onnxruntime and torch (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the Markdown table.")
 @click.option("--no-plot", is_flag=True, help="Write no PNG.")
+@click.option("--steps", is_flag=True,
+              help="Instead: time one target call over 1/5/8 new tokens at past 64/256/1024 (alternating graphs).")
+@click.option("--compare", "compare", multiple=True, type=click.Path(path_type=Path), metavar="NAME=ARTIFACT",
+              help="With --steps: another artifact's target graph to time alongside (repeatable).")
+@one_line_errors
 def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anchors, genai_python, genai_model,
-          output, results, provider, threads, as_json, no_plot) -> None:
+          output, results, provider, threads, as_json, no_plot, steps, compare) -> None:
     """Benchmark target-only and every drafter (fixed K and auto) on a prompt set, plus the anchors."""
+    if steps:
+        _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider, threads, results, as_json)
+        return
     from specdec.bench import PROMPT_SET_VERSION, PROMPTS_FILE
     from specdec.bench.report import anchor_rows, markdown_report
     from specdec.bench.runner import BASELINE, configurations, group_summary, run_bench, summarize
     from specdec.models.manifest import sha256_of_file
     from specdec.runtime.engine import DEFAULT_DRAFT_TOKENS, Engine
     from specdec.runtime.prompts import load_prompts
+    from specdec.runtime.theory import verify_cost_per_token
+    from specdec.runtime.tuning import step_times
 
     started = time.perf_counter()
 
@@ -82,8 +95,11 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     engine = Engine.load(artifact, provider=provider, threads=threads)
     k = num_draft_tokens or int(engine.manifest.runtime_defaults.get("num_draft_tokens", DEFAULT_DRAFT_TOKENS))
     configs = configurations(engine, k)
+    progress(f"timing target calls over 1..{k + 1} tokens (verify cost)")
+    context = engine.prompt_ids(prompts[0].prompt, prompts[0].chat)[:256]
+    verify_cost = verify_cost_per_token(step_times(engine.target, context, k + 1, repeats=7))
     runs = run_bench(engine, prompts, configs, max_new_tokens, repeats, progress)
-    rows = summarize(runs)
+    rows = summarize(runs, verify_cost)
     groups = group_summary(rows)
 
     anchor_table: list[dict] = []
@@ -95,7 +111,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     if genai_python:
         from specdec.bench.genai_anchor import run_genai
 
-        anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress)
+        anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress, repeats=repeats)
     if anchor_runs:
         baseline_text = {r.prompt.id: engine.codec.decode(r.token_ids)
                          for r in runs if r.config.name == BASELINE and r.repeat == 0}
@@ -118,6 +134,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         "max_new_tokens": max_new_tokens,
         "repeats": repeats,
         "provider": engine.provider,
+        "verify_cost": verify_cost,
         "versions": _versions(),
     }
     document = {"meta": meta, "groups": groups, "rows": rows, "anchors": anchor_table,
@@ -150,3 +167,40 @@ def _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progres
     progress(f"transformers anchor: loading {source}")
     model = load_torch_model(source, threads)
     return run_transformers(model, prompt_ids, max_new_tokens, eos, progress=progress)
+
+
+def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider, threads, results, as_json) -> None:
+    from specdec.bench.steps import NEW_TOKENS, PAST_LENGTHS, steps_table, time_steps
+    from specdec.models.manifest import load_manifest
+    from specdec.runtime.session import ModelSession
+
+    started = time.perf_counter()
+    progress = lambda m: click.echo(f"[{time.perf_counter() - started:7.1f}s] {m}", err=True)  # noqa: E731
+    named = [("specdec", Path(artifact))]
+    for item in compare:
+        name, _, path = str(item).partition("=")
+        if not path:
+            raise click.BadParameter(f"expected NAME=ARTIFACT, got '{item}'", param_hint="--compare")
+        named.append((name, Path(path)))
+    sessions = {name: ModelSession(path, load_manifest(path).target, provider, threads) for name, path in named}
+    repeats = max(repeats, 9)
+    medians = time_steps(sessions, repeats=repeats, progress=progress)
+    if genai_python:
+        from specdec.bench.genai_anchor import genai_step_times
+
+        progress("onnxruntime-genai step times")
+        tokens = np.random.default_rng(0).integers(100, 40000, size=max(PAST_LENGTHS) + max(NEW_TOKENS)).tolist()
+        medians.update(genai_step_times(genai_python, genai_model, tokens, PAST_LENGTHS, NEW_TOKENS, repeats))
+    table = steps_table(medians)
+    if as_json:
+        click.echo(json.dumps([{"graph": g, "past": p, "new_tokens": n, "seconds": t}
+                               for (g, p, n), t in medians.items()], indent=2))
+    else:
+        click.echo(table)
+    if results:
+        header = (f"# Target step times\n\n- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}\n"
+                  f"- machine: {_machine()}\n- command: `{' '.join(['specdec'] + sys.argv[1:])}`\n"
+                  f"- {repeats} alternating repetitions per cell, medians; graphs: "
+                  + ", ".join(f"{n} = {p}" for n, p in named) + (", onnxruntime-genai = its builder's graph"
+                                                                   if genai_python else "") + "\n\n")
+        results.write_text(header + table + "\n")

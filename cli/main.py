@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
@@ -10,23 +9,7 @@ from pathlib import Path
 
 import click
 
-from specdec.models.errors import SpecdecError
-
-
-def _one_line_errors(command):
-    """Turn specdec's errors (and a few predictable others) into `Error: ...` and exit code 1."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except SpecdecError as err:
-            raise click.ClickException(str(err)) from None
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
+from specdec.cli.errors import one_line_errors
 
 
 def _draft_tokens(value: str | None) -> int | str | None:
@@ -67,7 +50,7 @@ def main() -> None:
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) of hub sources.")
 @click.option("--optimize/--no-optimize", default=True, show_default=True,
               help="Apply onnxruntime's transformer fusions where they were measured to help the family.")
-@_one_line_errors
+@one_line_errors
 def export(target, draft, output, dtype, device, opset, trust_remote_code, force, atol, revision, optimize) -> None:
     """Export a draft and a target model into one validated artifact folder."""
     from specdec.exporter.pipeline import ExportConfig, run_export
@@ -98,7 +81,7 @@ def export(target, draft, output, dtype, device, opset, trust_remote_code, force
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @click.option("--no-verify", is_flag=True, help="Skip checking every file's sha256.")
-@_one_line_errors
+@one_line_errors
 def inspect(artifact, as_json, no_verify) -> None:
     """Print an artifact's manifest: models, KV layout, tokenizer, validation, provenance."""
     from specdec.models.manifest import load_manifest
@@ -162,7 +145,7 @@ def inspect(artifact, as_json, no_verify) -> None:
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--verbose", "-v", is_flag=True, help="Show each iteration's drafted and accepted tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, finish reason, stats).")
-@_one_line_errors
+@one_line_errors
 def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, num_draft_tokens, drafter,
              no_draft, chat, stop_strings, provider, threads, verbose, as_json) -> None:
     """Generate a completion of PROMPT with the artifact in ARTIFACT, streaming the text."""
@@ -234,7 +217,7 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
               help="onnxruntime execution provider.")
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@_one_line_errors
+@one_line_errors
 def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, repeats, no_measure, plot, no_plot, no_save, provider,
          threads, as_json) -> None:
     """Measure c and alpha, compare expected and measured speedup for K = 1..max-k, store the best K."""

@@ -17,7 +17,8 @@ class FixedDraftLength:
         """Return K."""
         return self.k
 
-    def observe(self, drafted: int, accepted: int, rejected: bool, cost_ratio: float | None) -> None:
+    def observe(self, drafted: int, accepted: int, rejected: bool, cost_ratio: float | None,
+                target_tokens: int = 0, target_seconds: float = 0.0) -> None:
         """Ignore feedback: K is fixed."""
 
 
@@ -26,8 +27,11 @@ class AdaptiveDraftLength:
     """Picks K each iteration to maximise the expected speedup (Theorem 3.8) under estimates.
 
     alpha is an EWMA over recent iterations of accepted / acceptance-tests; c is an EWMA of
-    the measured draft-call / target-call time. When no K >= 1 is expected to beat plain
-    decoding, it decodes plainly for `cooldown` iterations, then probes with `probe_k`.
+    the measured draft-call / target-call time; the verify cost per extra token comes from a
+    line t(n) = a + b n fitted online to the target calls' times (EWMA moments), once calls
+    of different lengths have been seen (before that, the prior `verify_cost`). When no
+    K >= 1 is expected to beat plain decoding, it decodes plainly for `cooldown`
+    iterations, then probes with `probe_k`.
     """
 
     max_k: int = 8  # cap on K
@@ -38,30 +42,53 @@ class AdaptiveDraftLength:
     cooldown: int = 16  # plain iterations before probing again
     probe_k: int = 2
     _plain_left: int = 0
-    _probing: bool = False
+    _probe_next: bool = False
+    _moments: list[float] | None = None  # EWMA of n, t, n*n, n*t over target calls
 
     def choose(self) -> int:
         """Return K for the next iteration (0: decode one token plainly)."""
         if self._plain_left > 0:
             self._plain_left -= 1
-            if self._plain_left == 0:
-                self._probing = True
             return 0
-        if self._probing:
+        if self._probe_next:
+            self._probe_next = False
             return min(self.probe_k, self.max_k)
         k, speedup = best_draft_length(self.alpha, self.cost_ratio, self.max_k, self.verify_cost)
         if k == 0 or speedup < 1.0:
-            self._plain_left = self.cooldown
+            # This iteration and `cooldown - 1` more are plain; then one probe re-measures alpha.
+            self._plain_left = self.cooldown - 1
+            self._probe_next = True
             return 0
         return k
 
-    def observe(self, drafted: int, accepted: int, rejected: bool, cost_ratio: float | None) -> None:
-        """Update alpha and c from one iteration: `accepted` of `drafted`, `rejected` if a test failed."""
+    def observe(self, drafted: int, accepted: int, rejected: bool, cost_ratio: float | None,
+                target_tokens: int = 0, target_seconds: float = 0.0) -> None:
+        """Update the estimates from one iteration.
+
+        `accepted` of `drafted` passed, `rejected` if a test failed; cost_ratio is this
+        iteration's draft-call / target-call time (None: model-free drafter); the target
+        call took `target_seconds` over `target_tokens` tokens.
+        """
+        if target_tokens > 0 and target_seconds > 0:
+            self._learn_verify_cost(target_tokens, target_seconds)
         tests = accepted + (1 if rejected else 0)
-        if tests > 0:
+        if tests > 0:  # a drafter with nothing to propose teaches nothing about alpha
             self.alpha += self.smoothing * (accepted / tests - self.alpha)
-            self._probing = False
-        elif drafted == 0 and self._probing:
-            self._probing = False  # nothing to draft (no n-gram match): re-decide next time
         if cost_ratio is not None:
             self.cost_ratio += self.smoothing * (cost_ratio - self.cost_ratio)
+
+    def _learn_verify_cost(self, n: int, seconds: float) -> None:
+        sample = [n, seconds, n * n, n * seconds]
+        if self._moments is None:
+            self._moments = sample
+            return
+        w = 0.1  # slower than alpha: call times are noisy, the line's slope is a hardware fact
+        self._moments = [m + w * (x - m) for m, x in zip(self._moments, sample)]
+        mean_n, mean_t, mean_nn, mean_nt = self._moments
+        variance = mean_nn - mean_n * mean_n
+        if variance < 0.25:  # too few distinct lengths seen to fit a slope
+            return
+        slope = (mean_nt - mean_n * mean_t) / variance
+        one_token = mean_t - slope * (mean_n - 1.0)
+        if one_token > 0:
+            self.verify_cost = min(max(slope / one_token, 0.0), 1.0)

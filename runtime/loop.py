@@ -120,11 +120,12 @@ def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max
         if drafter is not None and drafts:
             drafter.sync(context)
         _count(stats, drafts, verdict)
-        if draft_length is not None and drafter is not None and k > 0:
-            draft_per_call = stats.draft_seconds / max(drafter.calls, 1) if drafter.calls else None
+        if draft_length is not None and drafter is not None:
+            draft_per_call = stats.draft_seconds / drafter.calls if drafter.calls and k > 0 else None
             cost_ratio = draft_per_call / target_call if draft_per_call is not None else None
             draft_length.observe(len(drafts), verdict.num_accepted,
-                                 rejected=not verdict.is_bonus and bool(drafts), cost_ratio=cost_ratio)
+                                 rejected=not verdict.is_bonus and bool(drafts), cost_ratio=cost_ratio,
+                                 target_tokens=len(drafts) + 1, target_seconds=target_call)
 
         committed = _cut_at_eos(new_tokens, eos_token_ids)
         generated += len(committed)
@@ -146,6 +147,7 @@ def _count(stats: GenerationStats, drafts: list[int], verdict: Verdict) -> None:
     stats.iterations += 1
     stats.target_calls += 1
     stats.drafted += len(drafts)
+    stats.draft_lengths[len(drafts)] = stats.draft_lengths.get(len(drafts), 0) + 1
     stats.accepted += verdict.num_accepted
     if drafts:
         # Every accepted draft was one test; a rejection is one more; a bonus token is none.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specdec.runtime.theory import expected_speedup
+from specdec.runtime.theory import expected_tokens_per_iteration
 
 
 @dataclass
@@ -30,6 +30,7 @@ class GenerationStats:
     accepted: int = 0
     acceptance_tests: int = 0
     bonus_tokens: int = 0
+    draft_lengths: dict[int, int] = field(default_factory=dict)  # K actually drafted -> iterations
     prefill_seconds: float = 0.0
     target_seconds: float = 0.0  # decode-phase target calls (verification), excluding the prefill
     draft_seconds: float = 0.0
@@ -87,11 +88,23 @@ class GenerationStats:
         """Return drafted tokens per iteration."""
         return self.drafted / self.iterations if self.iterations else 0.0
 
+    def expected_speedup(self, verify_cost: float = 0.0) -> float:
+        """Return Theorem 3.8's speedup for the measured alpha and c, over the K each iteration drafted.
+
+        Per iteration with k drafts: (1 - alpha^(k+1)) / (1 - alpha) expected tokens for
+        k c + 1 + v k target-step units (v = verify_cost; 0 is the paper's assumption that
+        verifying k+1 tokens costs one step). Plain iterations (k = 0) count 1 for 1.
+        """
+        tokens = cost = 0.0
+        for k, count in self.draft_lengths.items():
+            tokens += count * expected_tokens_per_iteration(self.alpha, k)
+            cost += count * (k * (self.cost_ratio + verify_cost) + 1.0)
+        return tokens / cost if cost else 1.0
+
     @property
     def theoretical_speedup(self) -> float:
-        """Return Theorem 3.8's speedup for the measured alpha, c and mean K (1.0 with no drafting)."""
-        k = round(self.mean_draft_length)
-        return expected_speedup(self.alpha, k, self.cost_ratio) if k > 0 else 1.0
+        """Return expected_speedup() with the paper's cost model (1.0 with no drafting)."""
+        return self.expected_speedup(0.0)
 
     def as_dict(self) -> dict[str, Any]:
         """Return counters and derived figures as one JSON-ready dict."""

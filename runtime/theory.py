@@ -32,3 +32,17 @@ def best_draft_length(alpha: float, cost_ratio: float, max_k: int,
     speedups = [expected_speedup(alpha, k, cost_ratio, verify_cost) for k in range(max_k + 1)]
     best = int(np.argmax(speedups))
     return best, speedups[best]
+
+
+def verify_cost_per_token(step_seconds: list[float]) -> float:
+    """Return v, the extra cost of each verified token beyond the first, in 1-token calls.
+
+    step_seconds[n - 1] is the time of one target call over n tokens; v is the least-squares
+    slope of t(n) / t(1) - 1 against n - 1 (a line through the 1-token point), floored at 0.
+    """
+    if len(step_seconds) < 2 or step_seconds[0] <= 0:
+        return 0.0
+    base = step_seconds[0]
+    num = sum(x * (t / base - 1.0) for x, t in enumerate(step_seconds))
+    den = sum(x * x for x in range(len(step_seconds)))
+    return max(num / den, 0.0)

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.session import ModelSession
-from specdec.runtime.theory import expected_tokens_per_iteration
+from specdec.runtime.theory import expected_tokens_per_iteration, verify_cost_per_token
 
 
 def step_times(session: ModelSession, context: list[int], max_tokens: int, repeats: int = 5) -> list[float]:
@@ -66,13 +66,8 @@ class TuneReport:
 
     @property
     def verify_cost(self) -> float:
-        """Return the mean extra target cost per verified token, in 1-token steps (least squares through n=1)."""
-        times = self.target_step_seconds
-        base = times[0]
-        xs = list(range(len(times)))
-        num = sum(x * (t / base - 1.0) for x, t in zip(xs, times))
-        den = sum(x * x for x in xs)
-        return max(num / den, 0.0) if den else 0.0
+        """Return the mean extra target cost per verified token, in 1-token steps."""
+        return verify_cost_per_token(self.target_step_seconds)
 
     def as_dict(self) -> dict:
         """Return the report as JSON-ready data."""

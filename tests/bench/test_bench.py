@@ -37,3 +37,18 @@ def test_bench_writes_table_json_and_plot(tiny_artifacts, tmp_path):
     assert (out / "bench.png").stat().st_size > 1000
     text = results.read_text()
     assert "| grounded | model K=3 |" in text and "## Anchors" in text
+
+
+def test_step_time_table(tiny_artifacts, tiny_target_only_artifact, tmp_path):
+    results = tmp_path / "steps.md"
+    result = CliRunner().invoke(main, ["bench", str(tiny_artifacts["llama"]), "--steps", "--compare",
+                                       f"plain={tiny_target_only_artifact}", "--results", str(results),
+                                       "--provider", "cpu"])
+    assert result.exit_code == 0, result.output
+    table = results.read_text()
+    assert "| 1024 |" not in table  # the tiny models hold 512 positions: skipped
+    for past in (64, 256):
+        assert f"| specdec | {past} |" in table and f"| plain | {past} |" in table
+    assert "5 / 1" in table
+    bad = CliRunner().invoke(main, ["bench", str(tiny_artifacts["llama"]), "--steps", "--compare", "nopath"])
+    assert bad.exit_code != 0 and "NAME=ARTIFACT" in bad.output

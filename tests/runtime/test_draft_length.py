@@ -49,3 +49,35 @@ def test_adaptive_falls_back_when_alpha_is_zero_and_recovers():
         if k:
             policy.observe(k, k, rejected=False, cost_ratio=0.2)
     assert policy.choose() >= 3
+
+
+def test_adaptive_learns_verify_cost_from_call_times():
+    policy = AdaptiveDraftLength(verify_cost=0.0)
+    for i in range(200):
+        n = 1 + i % 6
+        policy.observe(n - 1, n - 1, False, None, target_tokens=n, target_seconds=0.010 + 0.002 * n)
+    # t(n) = 10 ms + 2 ms * n: one extra token costs 2 / 12 of a 1-token call
+    assert abs(policy.verify_cost - 2 / 12) < 0.01
+
+
+def test_adaptive_keeps_prior_verify_cost_until_lengths_vary():
+    policy = AdaptiveDraftLength(verify_cost=0.05)
+    for _ in range(20):
+        policy.observe(4, 4, False, None, target_tokens=5, target_seconds=0.03)
+    assert policy.verify_cost == 0.05
+
+
+def test_expensive_verification_lowers_k():
+    cheap = AdaptiveDraftLength(alpha=0.6, verify_cost=0.0, max_k=16)
+    costly = AdaptiveDraftLength(alpha=0.6, verify_cost=0.1, max_k=16)
+    assert costly.choose() < cheap.choose()
+
+
+def test_stats_theory_over_actual_draft_lengths():
+    from specdec.runtime.stats import GenerationStats
+
+    stats = GenerationStats(accepted=3, acceptance_tests=4, draft_lengths={4: 2, 0: 2})
+    alpha = 0.75
+    tokens = 2 * expected_tokens_per_iteration(alpha, 4) + 2
+    assert abs(stats.expected_speedup(0.0) - tokens / (2 * 1 + 2 * 1)) < 1e-9
+    assert abs(stats.expected_speedup(0.05) - tokens / (2 * (1 + 4 * 0.05) + 2)) < 1e-9

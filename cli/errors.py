@@ -1,0 +1,26 @@
+"""Turning specdec's errors into one-line CLI errors."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from specdec.models.errors import SpecdecError
+
+
+def one_line_errors(command):
+    """Turn specdec's errors (and a few predictable others) into `Error: ...` and exit code 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except SpecdecError as err:
+            raise click.ClickException(str(err)) from None
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
