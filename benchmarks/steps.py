@@ -2,7 +2,8 @@
 
 Graphs are timed in alternation (each repetition visits all of them, order flipped every
 time), and each figure is a median; the call is rolled back after every measurement so all
-start from the same cache.
+start from the same cache. Sessions must be made with spin=False: graphs that take turns
+call by call would otherwise slow each other with busy-waiting threads (providers.py).
 """
 
 from __future__ import annotations

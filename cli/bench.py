@@ -182,7 +182,9 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
         if not path:
             raise click.BadParameter(f"expected NAME=ARTIFACT, got '{item}'", param_hint="--compare")
         named.append((name, Path(path)))
-    sessions = {name: ModelSession(path, load_manifest(path).target, provider, threads) for name, path in named}
+    # The graphs take turns call by call: without spin=False, one's busy-waiting threads slow the next.
+    sessions = {name: ModelSession(path, load_manifest(path).target, provider, threads, spin=False)
+                for name, path in named}
     repeats = max(repeats, 9)
     medians = time_steps(sessions, repeats=repeats, progress=progress)
     if genai_python:
@@ -200,7 +202,8 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
     if results:
         header = (f"# Target step times\n\n- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}\n"
                   f"- machine: {_machine()}\n- command: `{' '.join(['specdec'] + sys.argv[1:])}`\n"
-                  f"- {repeats} alternating repetitions per cell, medians; graphs: "
+                  f"- {repeats} alternating repetitions per cell, medians; specdec sessions without thread "
+                  "spinning (they take turns); onnxruntime-genai in its own process, its defaults; graphs: "
                   + ", ".join(f"{n} = {p}" for n, p in named) + (", onnxruntime-genai = its builder's graph"
                                                                    if genai_python else "") + "\n\n")
         results.write_text(header + table + "\n")

@@ -91,8 +91,10 @@ class Engine:
         self.manifest = manifest
         self.codec = TextCodec(artifact_dir, manifest.tokenizer)
         vocab = manifest.tokenizer.vocab_size
-        self.target = ModelSession(artifact_dir, manifest.target, provider, threads, vocab_limit=vocab)
-        self.draft = (ModelSession(artifact_dir, manifest.draft, provider, threads, vocab_limit=vocab)
+        # Two sessions take turns in the loop: neither may busy-wait on the cores the other needs.
+        spin = manifest.draft is None
+        self.target = ModelSession(artifact_dir, manifest.target, provider, threads, vocab_limit=vocab, spin=spin)
+        self.draft = (ModelSession(artifact_dir, manifest.draft, provider, threads, vocab_limit=vocab, spin=spin)
                       if manifest.draft else None)
         if self.draft is not None and self.draft.vocab_limit != self.target.vocab_limit:
             # Padding rows differ: both sides sample from the vocabulary they share.

@@ -23,10 +23,10 @@ class ModelSession:
     """
 
     def __init__(self, artifact_dir: str | Path, spec: GraphSpec, provider: str = "auto",
-                 threads: int | None = None, vocab_limit: int | None = None):
+                 threads: int | None = None, vocab_limit: int | None = None, spin: bool = True):
         folder = Path(artifact_dir)
         self.spec = spec
-        self.session, self.device = create_session(str(folder / spec.graph_file), provider, threads)
+        self.session, self.device = create_session(str(folder / spec.graph_file), provider, threads, spin)
         # The slicer runs where the cache lives: same device as the model.
         slice_session, _ = create_session(str(folder / spec.kv_slice_file), self.device, threads=1)
         self.slicer = KVSlicer(slice_session, self.device, 2 * spec.num_layers)
