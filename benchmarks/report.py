@@ -115,7 +115,8 @@ def goals_section(groups: Sequence[dict], rows: Sequence[dict], anchors: Sequenc
             add("specdec n-gram >= 2x transformers prompt lookup", a["group"], f"{a['ratio']:.2f}x", a["ratio"] >= 2.0)
     for g in groups:
         if g["config"] != "target-only":
-            add(f"{g['config']} >= 85% of theory (paper / measured verify cost)", g["group"],
+            add(f"{g['config']} >= 85% of theory (figure: paper / measured verify cost; judged on the latter)",
+                g["group"],
                 f"{_pct(g['share_of_theory'])} / {_pct(g['share_of_theory_verify'])}", g["share_of_theory_verify"] >= 0.85)
     ngram_fixed = [g for g in groups if g["config"].startswith("ngram K=") and g["group"] == "grounded"]
     for g in ngram_fixed:

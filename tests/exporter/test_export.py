@@ -152,3 +152,30 @@ def test_failed_validation_refuses(tiny_sources, tmp_path):
     with pytest.raises(ExportError, match="failed validation"):
         run_export(ExportConfig(target=str(target), draft=None, output=out, atol=1e-12), progress=lambda m: None)
     assert not out.exists() and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "mistral", "phi3"])
+def test_other_llama_like_families_export_and_run(model_type, tmp_path):
+    """The families listed in models/architectures.py besides llama and gpt2, as tiny random models."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specdec.exporter.tiny_models import build_tokenizer
+    from specdec.runtime.engine import Engine, GenerationConfig
+
+    tokenizer = build_tokenizer()
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  max_position_embeddings=256, initializer_range=0.2, pad_token_id=0)
+    torch.manual_seed(0)
+    folder = tmp_path / model_type
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "art"
+    manifest = run_export(ExportConfig(target=str(folder), draft=str(folder), output=out), progress=lambda m: None)
+    assert manifest.target.model_type == model_type and manifest.validation["target"]["passed"]
+    assert (manifest.target.num_kv_heads, manifest.target.head_dim) == (2, 16)
+    engine = Engine.load(out, provider="cpu")
+    plain = engine.generate("Hello world", GenerationConfig(max_new_tokens=16, drafter="none"))
+    spec = engine.generate("Hello world", GenerationConfig(max_new_tokens=16, num_draft_tokens=3))
+    assert spec.token_ids == plain.token_ids and spec.stats.acceptance_rate > 0.9
