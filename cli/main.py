@@ -34,12 +34,16 @@ def main() -> None:
 @click.option("--target", required=True, metavar="SRC",
               help="Target model: Hugging Face hub id, local model folder, or .gguf file.")
 @click.option("--draft", required=True, metavar="SRC|none",
-              help="Draft model (same kinds as --target; must share its tokenizer), or 'none' for a "
-                   "target-only artifact (the runtime then drafts by prompt lookup).")
+              help="Draft model (same kinds as --target; must share its tokenizer); 'quantized:int4' or "
+                   "'quantized:int8' for a weight-quantized copy of the target; or 'none' for a target-only "
+                   "artifact (the runtime then drafts by prompt lookup).")
 @click.option("--output", "-o", required=True, type=click.Path(path_type=Path),
               help="Artifact folder to create. Written atomically: nothing is left there on failure.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="Weights dtype of the exported graphs. fp16 needs --device cuda.")
+@click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default=None,
+              help="Weight precision: fp32/fp16 as --dtype; int8 or int4 quantize the MatMul weights "
+                   "(onnxruntime MatMulNBits) after an fp32 export. Validated with looser bounds.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Device PyTorch traces and validates the model on.")
 @click.option("--opset", type=int, default=None, help="ONNX opset (default: optimum's choice for the architecture).")
@@ -47,11 +51,15 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @click.option("--atol", type=float, default=None,
               help="Max |logit difference| ONNX vs PyTorch in validation (default 1e-2 fp32, 1e-1 fp16).")
+@click.option("--min-agreement", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Share of greedy validation tokens that must match PyTorch (default 1.0 for fp32/fp16, "
+                   "0.75 int8, 0.6 int4).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) of hub sources.")
 @click.option("--optimize/--no-optimize", default=True, show_default=True,
               help="Apply onnxruntime's transformer fusions where they were measured to help the family.")
 @one_line_errors
-def export(target, draft, output, dtype, device, opset, trust_remote_code, force, atol, revision, optimize) -> None:
+def export(target, draft, output, dtype, weights, device, opset, trust_remote_code, force, atol, min_agreement,
+           revision, optimize) -> None:
     """Export a draft and a target model into one validated artifact folder."""
     from specdec.exporter.pipeline import ExportConfig, run_export
 
@@ -65,11 +73,13 @@ def export(target, draft, output, dtype, device, opset, trust_remote_code, force
         draft=None if draft.lower() == "none" else draft,
         output=output,
         dtype=dtype,
+        weights=weights,
         device=device,
         opset=opset,
         trust_remote_code=trust_remote_code,
         force=force,
         atol=atol,
+        min_agreement=min_agreement,
         revision=revision,
         optimize=optimize,
         command=" ".join(["specdec"] + sys.argv[1:]),

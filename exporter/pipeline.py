@@ -6,7 +6,7 @@ import datetime as _dt
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Callable
@@ -26,8 +26,10 @@ from specdec.exporter.optimize import optimize_graph
 from specdec.exporter.sources import LoadedSource, load_source
 from specdec.exporter.staging import check_output_path, staged_folder
 from specdec.exporter.tokenizer_check import check_tokenizers_compatible
-from specdec.exporter.validate import DEFAULT_ATOL, validate_graph
+from specdec.exporter.quantize import quantize_graph
+from specdec.exporter.validate import DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, validate_graph
 
+QUANTIZED_DRAFTS = ("int8", "int4")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
@@ -38,12 +40,14 @@ class ExportConfig:
     target: str  # hub id, local folder, or .gguf file
     draft: str | None  # same kinds, or None for a target-only artifact
     output: Path
-    dtype: str = "fp32"  # weights dtype of the graphs: fp32 | fp16 (fp16 needs CUDA)
+    dtype: str = "fp32"  # float dtype of the exported graphs: fp32 | fp16 (fp16 needs CUDA)
+    weights: str | None = None  # None: as dtype; int8 | int4: quantize the MatMul weights after export
     device: str = "cpu"  # where optimum traces the model: cpu | cuda
     opset: int | None = None  # None: optimum's default for the architecture
     trust_remote_code: bool = False
     force: bool = False  # replace an existing output folder
-    atol: float | None = None  # max logit difference in validation; None: per-dtype default
+    atol: float | None = None  # max logit difference in validation; None: per-weights default
+    min_agreement: float | None = None  # greedy agreement validation needs; None: per-weights default
     optimize: bool = True  # run the optimization stage (onnxruntime fusions) where the family has one
     revision: str | None = None
     command: str | None = None  # the command line, recorded in provenance
@@ -55,6 +59,17 @@ Progress = Callable[[str], None]
 
 def check_config(config: ExportConfig) -> None:
     """Raise ExportError for settings that can never work, before any slow step."""
+    if config.weights not in (None, "fp32", "fp16", "int8", "int4"):
+        raise ExportError(f"--weights must be fp32, fp16, int8 or int4, got '{config.weights}'")
+    if config.weights in ("fp32", "fp16"):
+        if config.dtype != "fp32" and config.dtype != config.weights:
+            raise ExportError(f"--weights {config.weights} contradicts --dtype {config.dtype}; give one of them")
+        config.dtype, config.weights = config.weights, None
+    if config.weights and config.dtype != "fp32":
+        raise ExportError("--weights int8/int4 quantize an fp32 export; drop --dtype fp16")
+    if config.draft and config.draft.startswith("quantized:") and \
+            config.draft.split(":", 1)[1] not in QUANTIZED_DRAFTS:
+        raise ExportError(f"--draft {config.draft}: expected quantized:int8 or quantized:int4")
     if config.dtype not in ("fp32", "fp16"):
         raise ExportError(f"--dtype must be fp32 or fp16, got '{config.dtype}'")
     if config.device not in ("cpu", "cuda"):
@@ -97,6 +112,9 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         optimization = optimize_graph(folder / layout.files[0], arch, loaded.config).as_dict()
     else:
         optimization = {"applied": [], "note": "--no-optimize"}
+    if config.weights:
+        progress(f"{role}: quantizing MatMul weights to {config.weights}")
+        optimization["quantization"] = quantize_graph(folder / layout.files[0], config.weights)
     kv_heads, head_dim = arch.num_kv_heads(loaded.config), arch.head_dim(loaded.config)
     kv_slice = write_kv_slice_graph(folder / "kv_slice.onnx", 2 * num_layers, kv_heads, head_dim, layout.kv_dtype)
     files = [f"{role}/{name}" for name in layout.files]
@@ -120,10 +138,29 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         logits_name=layout.logits_name,
         max_positions=arch.max_positions(loaded.config),
         vocab_size=int(loaded.config["vocab_size"]),
-        weights_dtype=config.dtype,
+        weights_dtype=config.weights or config.dtype,
         source=loaded.source,
         revision=loaded.revision,
         optimization=optimization,
+    )
+
+
+def _quantized_copy(target: GraphSpec, staging: Path, weights: str, progress: Progress) -> GraphSpec:
+    """Return the spec of a draft that is the target graph with its weights quantized."""
+    progress(f"draft: quantizing a copy of the target to {weights}")
+    shutil.copytree(staging / "target", staging / "draft")
+    files = [f"draft/{Path(f).name}" for f in target.files]
+    record = quantize_graph(staging / files[0], weights)
+    kv_slice = f"draft/{Path(target.kv_slice_file).name}"
+    return replace(
+        target,
+        role="draft",
+        files=files,
+        sha256={rel: sha256_of_file(staging / rel) for rel in files + [kv_slice]},
+        kv_slice_file=kv_slice,
+        weights_dtype=weights,
+        source=f"quantized:{weights} of {target.source}",
+        optimization={**target.optimization, "quantization": record},
     )
 
 
@@ -160,7 +197,9 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
         progress(f"target: loading {config.target}")
         target = load_source(config.target, work / "target", config.trust_remote_code, config.revision)
         draft = None
-        if config.draft:
+        quantized_draft = config.draft.split(":", 1)[1] if config.draft and config.draft.startswith("quantized:") \
+            else None
+        if config.draft and not quantized_draft:
             progress(f"draft: loading {config.draft}")
             draft = load_source(config.draft, work / "draft", config.trust_remote_code, config.revision)
             progress("checking draft and target tokenizers match")
@@ -168,14 +207,18 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
         tokenizer_spec = _write_tokenizer(target, staging)
         target_spec = _export_one("target", target, staging, config, progress)
         draft_spec = _export_one("draft", draft, staging, config, progress) if draft else None
+        if quantized_draft:
+            draft, draft_spec = target, _quantized_copy(target_spec, staging, quantized_draft, progress)
 
-        atol = config.atol if config.atol is not None else DEFAULT_ATOL[config.dtype]
         validation = {}
         for loaded, spec in ((target, target_spec), (draft, draft_spec)):
             if spec is None:
                 continue
+            atol = config.atol if config.atol is not None else DEFAULT_ATOL[spec.weights_dtype]
             progress(f"{spec.role}: validating ONNX against PyTorch")
-            report = validate_graph(staging, spec, loaded.model, loaded.tokenizer, atol)
+            report = validate_graph(staging, spec, loaded.model, loaded.tokenizer, atol,
+                                    min_agreement=config.min_agreement if config.min_agreement is not None
+                                    else MIN_GREEDY_AGREEMENT[spec.weights_dtype])
             validation[spec.role] = report.as_dict()
             progress(
                 f"{spec.role}: max |logit diff| prefill {report.max_logit_diff_prefill:.2e}, "
@@ -186,6 +229,7 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
                 raise ExportError(
                     f"{spec.role} graph failed validation: max logit diff "
                     f"{max(report.max_logit_diff_prefill, report.max_logit_diff_step):.3g} vs atol {atol:g}, "
+                    f"greedy agreement {report.greedy_agreement:.0%}, "
                     f"{report.greedy_mismatches_outside_ties} greedy mismatches outside near-ties"
                 )
         manifest = Manifest(

@@ -16,8 +16,12 @@ VALIDATION_PROMPTS = (
     "def fibonacci(n):\n    ",
     "Speculative decoding lets a small model",
 )
-# Max |logit difference| allowed, by weights dtype: fp32 graphs should match to rounding.
-DEFAULT_ATOL = {"fp32": 1e-2, "fp16": 1e-1}
+# Max |logit difference| allowed, by weights dtype: fp32 graphs should match to rounding;
+# quantized weights move logits by design, so they are held to a looser bound and judged
+# mostly on greedy agreement (figures measured on SmolLM2-135M, see the README).
+DEFAULT_ATOL = {"fp32": 1e-2, "fp16": 1e-1, "int8": 4.0, "int4": 4.0}
+# Share of greedy continuation tokens that must equal PyTorch's (1.0: all, near-ties excepted).
+MIN_GREEDY_AGREEMENT = {"fp32": 1.0, "fp16": 1.0, "int8": 0.75, "int4": 0.6}
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class ValidationReport:
     greedy_agreement: float  # share of continuation tokens where ONNX argmax == PyTorch argmax
     greedy_mismatches_outside_ties: int  # mismatches where PyTorch's top-2 gap exceeds atol
     atol: float
+    min_agreement: float  # 1.0: every token outside near-ties must agree
     passed: bool
 
     def as_dict(self) -> dict[str, Any]:
@@ -39,7 +44,7 @@ class ValidationReport:
 
 
 def validate_graph(artifact_dir: Path, spec: GraphSpec, torch_model: Any, tokenizer: Any,
-                   atol: float, continuation: int = 8,
+                   atol: float, continuation: int = 8, min_agreement: float = 1.0,
                    on_prompt: Callable[[], None] | None = None) -> ValidationReport:
     """Return how closely the exported graph matches PyTorch on a few prompts.
 
@@ -81,14 +86,17 @@ def validate_graph(artifact_dir: Path, spec: GraphSpec, torch_model: Any, tokeni
             onnx_logits = session.forward(cache, [ref_token])
         if on_prompt:
             on_prompt()
-    passed = prefill_diff <= atol and step_diff <= atol and outside_ties == 0
+    agreement = agree / max(total, 1)
+    greedy_ok = outside_ties == 0 if min_agreement >= 1.0 else agreement >= min_agreement
+    passed = prefill_diff <= atol and step_diff <= atol and greedy_ok
     return ValidationReport(
         prompts=len(VALIDATION_PROMPTS),
         max_logit_diff_prefill=prefill_diff,
         max_logit_diff_step=step_diff,
         greedy_tokens=total,
-        greedy_agreement=agree / max(total, 1),
+        greedy_agreement=agreement,
         greedy_mismatches_outside_ties=outside_ties,
         atol=atol,
+        min_agreement=min_agreement,
         passed=passed,
     )
