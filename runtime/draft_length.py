@@ -17,7 +17,7 @@ class FixedDraftLength:
         """Return K."""
         return self.k
 
-    def observe(self, drafted: int, accepted: int, rejected: bool, cost_ratio: float | None,
+    def observe(self, drafted: int, accepted: int, rejected: bool, draft_step_seconds: float | None = None,
                 target_tokens: int = 0, target_seconds: float = 0.0) -> None:
         """Ignore feedback: K is fixed."""
 
@@ -37,7 +37,7 @@ class AdaptiveDraftLength:
     max_k: int = 8  # cap on K
     smoothing: float = 0.3  # EWMA weight of the newest iteration
     alpha: float = 0.5  # starting guess, corrected after the first iteration
-    cost_ratio: float = 0.0  # c; learned from timings when a model drafts
+    cost_ratio: float = 0.0  # c: draft call / 1-token target call; learned when a model drafts
     verify_cost: float = 0.0  # extra target cost per verified token, in target steps
     cooldown: int = 16  # plain iterations before probing again
     probe_k: int = 2
@@ -61,16 +61,21 @@ class AdaptiveDraftLength:
             return 0
         return k
 
-    def observe(self, drafted: int, accepted: int, rejected: bool, cost_ratio: float | None,
+    def observe(self, drafted: int, accepted: int, rejected: bool, draft_step_seconds: float | None = None,
                 target_tokens: int = 0, target_seconds: float = 0.0) -> None:
         """Update the estimates from one iteration.
 
-        `accepted` of `drafted` passed, `rejected` if a test failed; cost_ratio is this
-        iteration's draft-call / target-call time (None: model-free drafter); the target
+        `accepted` of `drafted` passed, `rejected` if a test failed; draft_step_seconds is
+        the drafter's mean single-token call time (None: model-free drafter); the target
         call took `target_seconds` over `target_tokens` tokens.
         """
         if target_tokens > 0 and target_seconds > 0:
             self._learn_verify_cost(target_tokens, target_seconds)
+            # c is against a 1-token target call; this call's length is taken out with v.
+            one_token = target_seconds / (1.0 + self.verify_cost * (target_tokens - 1))
+            cost_ratio = draft_step_seconds / one_token if draft_step_seconds is not None else None
+        else:
+            cost_ratio = None
         tests = accepted + (1 if rejected else 0)
         if tests > 0:  # a drafter with nothing to propose teaches nothing about alpha
             self.alpha += self.smoothing * (accepted / tests - self.alpha)

@@ -52,6 +52,11 @@ class Drafter(Protocol):
         """Return the time spent inside onnxruntime's session.run (0 for model-free drafters)."""
         ...
 
+    @property
+    def step_seconds(self) -> float | None:
+        """Return the mean time of one single-token draft call (None: no such calls, or no model)."""
+        ...
+
 
 class ModelDrafter:
     """Drafts with a small model, sampling each token with the same settings as the target.
@@ -67,6 +72,9 @@ class ModelDrafter:
         self.sampling = sampling
         self.rng = rng
         self.cache: KVCache = session.new_cache()
+        # Single-token calls only: catch-up calls carry several tokens and would inflate c.
+        self._step_seconds = 0.0
+        self._steps = 0
 
     @property
     def calls(self) -> int:
@@ -77,6 +85,11 @@ class ModelDrafter:
     def session_seconds(self) -> float:
         """Return the time inside the draft session's run."""
         return self.cache.run_seconds
+
+    @property
+    def step_seconds(self) -> float | None:
+        """Return the mean session time of the single-token draft calls so far."""
+        return self._step_seconds / self._steps if self._steps else None
 
     def propose(self, context: list[int], k: int) -> Proposal:
         """Return k tokens sampled one at a time from the draft model, with their q rows."""
@@ -93,7 +106,10 @@ class ModelDrafter:
                 rows.append(q)
             tokens.append(token)
             if i + 1 < k:
+                before = self.cache.run_seconds
                 logits = self.session.forward(self.cache, [token])[-1]
+                self._step_seconds += self.cache.run_seconds - before
+                self._steps += 1
         return Proposal(tokens, np.stack(rows) if rows else None)
 
     def sync(self, context: list[int]) -> None:
@@ -116,6 +132,7 @@ class NgramDrafter:
     name = "ngram"
     calls = 0
     session_seconds = 0.0
+    step_seconds = None
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
         self.index = NgramIndex(min_n=min_n, max_n=max_n)

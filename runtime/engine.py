@@ -91,10 +91,11 @@ class Engine:
         self.manifest = manifest
         self.codec = TextCodec(artifact_dir, manifest.tokenizer)
         vocab = manifest.tokenizer.vocab_size
-        # Two sessions take turns in the loop: neither may busy-wait on the cores the other needs.
-        spin = manifest.draft is None
-        self.target = ModelSession(artifact_dir, manifest.target, provider, threads, vocab_limit=vocab, spin=spin)
-        self.draft = (ModelSession(artifact_dir, manifest.draft, provider, threads, vocab_limit=vocab, spin=spin)
+        # The draft's threads must not busy-wait on the cores the target needs next. Measured
+        # (SmolLM2 + int8 draft, 2 cores, decode tok/s target-only / K=3): both spinning
+        # 44.4 / 33.7, target only spinning 40.1 / 43.5, neither 34.9 / 41.4.
+        self.target = ModelSession(artifact_dir, manifest.target, provider, threads, vocab_limit=vocab)
+        self.draft = (ModelSession(artifact_dir, manifest.draft, provider, threads, vocab_limit=vocab, spin=False)
                       if manifest.draft else None)
         if self.draft is not None and self.draft.vocab_limit != self.target.vocab_limit:
             # Padding rows differ: both sides sample from the vocabulary they share.

@@ -121,10 +121,8 @@ def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max
             drafter.sync(context)
         _count(stats, drafts, verdict)
         if draft_length is not None and drafter is not None:
-            draft_per_call = stats.draft_seconds / drafter.calls if drafter.calls and k > 0 else None
-            cost_ratio = draft_per_call / target_call if draft_per_call is not None else None
             draft_length.observe(len(drafts), verdict.num_accepted,
-                                 rejected=not verdict.is_bonus and bool(drafts), cost_ratio=cost_ratio,
+                                 rejected=not verdict.is_bonus and bool(drafts), draft_step_seconds=drafter.step_seconds,
                                  target_tokens=len(drafts) + 1, target_seconds=target_call)
 
         committed = _cut_at_eos(new_tokens, eos_token_ids)

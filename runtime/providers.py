@@ -39,7 +39,7 @@ def create_session(path: str, requested: str, threads: int | None = None,
     sessions take turns (draft and target), one's spinning threads otherwise steal the
     cores the other needs (measured on 2 cores: a 1-token SmolLM2 step went from ~25 ms to
     ~36 ms when alternating with a spinning session). A lone session decodes faster
-    spinning (44 vs 39 tokens/s), hence the default.
+    spinning (44 vs 39 tokens/s), hence the default; the engine turns it off for drafts.
 
     onnxruntime-gpu lists CUDA as available even where it cannot load it, then silently
     falls back to CPU; so the providers are read back from the session. "auto" accepts the

@@ -21,7 +21,7 @@ def test_best_draft_length():
 
 def test_fixed_draft_length():
     policy = FixedDraftLength(3)
-    policy.observe(3, 0, True, 0.5)
+    policy.observe(3, 0, True, 0.005, target_tokens=4, target_seconds=0.01)
     assert policy.choose() == 3
 
 
@@ -30,7 +30,7 @@ def test_adaptive_never_exceeds_cap():
     for _ in range(50):
         k = policy.choose()
         assert 0 <= k <= 5
-        policy.observe(k, k, rejected=False, cost_ratio=0.0)
+        policy.observe(k, k, rejected=False)
     assert policy.choose() == 5
 
 
@@ -41,13 +41,13 @@ def test_adaptive_falls_back_when_alpha_is_zero_and_recovers():
         k = policy.choose()
         ks.append(k)
         if k:
-            policy.observe(k, 0, rejected=True, cost_ratio=0.2)
+            policy.observe(k, 0, rejected=True, draft_step_seconds=0.002, target_tokens=k + 1, target_seconds=0.01)
     assert ks[-10:].count(0) >= 7  # mostly plain decoding
     assert any(k > 0 for k in ks[5:])  # but it keeps probing
     for _ in range(40):  # alpha recovers: every draft accepted
         k = policy.choose()
         if k:
-            policy.observe(k, k, rejected=False, cost_ratio=0.2)
+            policy.observe(k, k, rejected=False, draft_step_seconds=0.002, target_tokens=k + 1, target_seconds=0.01)
     assert policy.choose() >= 3
 
 
@@ -81,3 +81,11 @@ def test_stats_theory_over_actual_draft_lengths():
     tokens = 2 * expected_tokens_per_iteration(alpha, 4) + 2
     assert abs(stats.expected_speedup(0.0) - tokens / (2 * 1 + 2 * 1)) < 1e-9
     assert abs(stats.expected_speedup(0.05) - tokens / (2 * (1 + 4 * 0.05) + 2)) < 1e-9
+
+
+def test_adaptive_learns_cost_ratio_against_a_one_token_call():
+    policy = AdaptiveDraftLength(verify_cost=0.1)
+    for _ in range(60):
+        # a 4-token target call of 13 ms is a 10 ms 1-token call at v = 0.1; drafts take 3 ms
+        policy.observe(3, 1, True, draft_step_seconds=0.003, target_tokens=4, target_seconds=0.013)
+    assert abs(policy.cost_ratio - 0.3) < 0.01
