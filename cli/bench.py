@@ -6,6 +6,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from importlib import metadata
@@ -146,7 +147,11 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         from specdec.cli.plots import plot_bench
 
         plot_bench(rows, output / "bench.png")
-        markdown += "\n![speedup per prompt and configuration](out/bench.png)\n"
+        where = output / "bench.png"
+        if results:  # the plot travels with the report, under the report's name
+            where = results.with_suffix(".png")
+            shutil.copyfile(output / "bench.png", where)
+        markdown += f"\n![speedup per prompt and configuration]({where.name if results else where})\n"
     if results:
         results.write_text(markdown)
     click.echo(json.dumps(document, indent=2) if as_json else markdown)

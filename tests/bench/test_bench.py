@@ -37,6 +37,7 @@ def test_bench_writes_table_json_and_plot(tiny_artifacts, tmp_path):
     assert (out / "bench.png").stat().st_size > 1000
     text = results.read_text()
     assert "| grounded | model K=3 |" in text and "## Anchors" in text
+    assert (tmp_path / "RESULTS.png").stat().st_size > 1000 and "(RESULTS.png)" in text
 
 
 def test_step_time_table(tiny_artifacts, tiny_target_only_artifact, tmp_path):
