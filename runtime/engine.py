@@ -75,9 +75,10 @@ class GenerationResult:
 class GenerationStream:
     """Iterates over text pieces as tokens are committed; `result` is set once it is exhausted."""
 
-    def __init__(self, pieces: Iterator[str]):
-        self._pieces = pieces
+    def __init__(self, make_pieces: Callable[["GenerationStream"], Iterator[str]]):
         self.result: GenerationResult | None = None
+        # The generator fills in `result` of the stream it belongs to when it finishes.
+        self._pieces = make_pieces(self)
 
     def __iter__(self) -> Iterator[str]:
         return self._pieces
@@ -152,9 +153,7 @@ class Engine:
             raise GenerationError(
                 f"prompt of {len(ids)} tokens is too long for the model's {self.max_positions} positions"
             )
-        stream = GenerationStream(iter(()))
-        stream._pieces = self._pieces(ids, config, on_iteration, stream)
-        return stream
+        return GenerationStream(lambda stream: self._pieces(ids, config, on_iteration, stream))
 
     def _drafter(self, config: GenerationConfig, rng: np.random.Generator) -> Drafter | None:
         kind = config.drafter
