@@ -148,6 +148,8 @@ class Engine:
         The config is checked here, before anything runs, so bad settings raise at once.
         """
         config.validate()
+        if config.drafter == "model" and self.draft is None:
+            raise GenerationError("this artifact has no draft model; use drafter 'ngram' or 'none'")
         ids = list(prompt) if isinstance(prompt, list) else self.prompt_ids(prompt, config.chat)
         if len(ids) > self.max_positions:
             raise GenerationError(
@@ -161,9 +163,7 @@ class Engine:
             kind = self.manifest.runtime_defaults.get("drafter") or ("model" if self.draft is not None else "ngram")
         if kind == "none":
             return None
-        if kind == "model":
-            if self.draft is None:
-                raise GenerationError("this artifact has no draft model; use drafter 'ngram' or 'none'")
+        if kind == "model" and self.draft is not None:
             return ModelDrafter(self.draft, config.sampling, rng)
         return NgramDrafter(config.ngram_min, config.ngram_max)
 

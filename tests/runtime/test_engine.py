@@ -120,5 +120,5 @@ def test_generation_stops_at_max_positions(engine):
 def test_model_drafter_needs_a_draft(tiny_target_only_artifact):
     engine = Engine.load(tiny_target_only_artifact, provider="cpu")
     with pytest.raises(GenerationError, match="no draft model"):
-        engine.generate("hi", GenerationConfig(drafter="model"))
+        engine.stream("hi", GenerationConfig(drafter="model"))  # refused before anything runs
     assert engine.generate("hi", GenerationConfig(max_new_tokens=5)).stats.drafter == "ngram"
