@@ -62,8 +62,9 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
             "",
             "## Anchors: the same model and prompts in what users would run instead",
             "",
-            "End-to-end tokens/s (prefill included) on both sides; specdec's figure is the matching "
-            "configuration in the same run.",
+            "End-to-end tokens/s (prefill included) on both sides, medians; specdec's figure is the matching "
+            "configuration in the same run. onnxruntime-genai runs after each specdec repeat (alternating); "
+            "transformers runs once, after all repeats.",
             "",
             "| group | anchor | anchor tok/s | specdec configuration | specdec tok/s | specdec / anchor | "
             "anchor greedy text = specdec |",

@@ -46,12 +46,14 @@ def configurations(engine: Engine, k: int) -> list[BenchConfig]:
 
 
 def run_bench(engine: Engine, prompts: Sequence[PromptCase], configs: Sequence[BenchConfig], max_new_tokens: int,
-              repeats: int, progress: Callable[[str], None] = lambda message: None) -> list[Run]:
+              repeats: int, progress: Callable[[str], None] = lambda message: None,
+              first_repeat: int = 0) -> list[Run]:
     """Return every run. Within a repeat each prompt runs all configurations back to back, in an
-    order rotated per prompt and repeat, so slow drift of the machine hits all of them alike."""
+    order rotated per prompt and repeat, so slow drift of the machine hits all of them alike.
+    Repeats are numbered from `first_repeat` (a caller may interleave other work between them)."""
     runs = []
     total = repeats * len(prompts) * len(configs)
-    for repeat in range(repeats):
+    for repeat in range(first_repeat, first_repeat + repeats):
         for index, case in enumerate(prompts):
             shift = (repeat + index) % len(configs)
             for config in list(configs[shift:]) + list(configs[:shift]):

@@ -99,20 +99,22 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     progress(f"timing target calls over 1..{k + 1} tokens (verify cost)")
     context = engine.prompt_ids(prompts[0].prompt, prompts[0].chat)[:256]
     verify_cost = verify_cost_per_token(step_times(engine.target, context, k + 1, repeats=7))
-    runs = run_bench(engine, prompts, configs, max_new_tokens, repeats, progress)
+    prompt_ids = {case.id: engine.prompt_ids(case.prompt, case.chat) for case in prompts}
+    runs, anchor_runs = [], []
+    # Repeats alternate specdec and onnxruntime-genai, so both see the same machine state.
+    for repeat in range(repeats):
+        runs += run_bench(engine, prompts, configs, max_new_tokens, 1, progress, first_repeat=repeat)
+        if genai_python:
+            from specdec.bench.genai_anchor import run_genai
+
+            anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress)
     rows = summarize(runs, verify_cost)
     groups = group_summary(rows)
 
     anchor_table: list[dict] = []
-    anchor_runs: list = []
-    prompt_ids = {case.id: engine.prompt_ids(case.prompt, case.chat) for case in prompts}
     eos = sorted(engine.eos_token_ids)
-    if anchors:
+    if anchors:  # PyTorch is slow here: one repeat
         anchor_runs += _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress)
-    if genai_python:
-        from specdec.bench.genai_anchor import run_genai
-
-        anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress, repeats=repeats)
     if anchor_runs:
         baseline_text = {r.prompt.id: engine.codec.decode(r.token_ids)
                          for r in runs if r.config.name == BASELINE and r.repeat == 0}
