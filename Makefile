@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARTIFACT ?= artifacts/smollm2
-PROMPT ?= Explain in two sentences why speculative decoding is faster than plain decoding.
+# A grounded prompt: the answer copies from the prompt, which is where prompt-lookup drafting shines.
+PROMPT ?= Rewrite this in simpler words, keeping every fact: The committee approved the budget on Tuesday after a long debate. The new budget increases funding for public libraries by ten percent and for school buses by five percent, and it cuts spending on road repairs.
 
 .PHONY: install test test-fast demo bench bench-quick anchors-genai clean
 
