@@ -57,14 +57,15 @@ class ExportConfig:
 Progress = Callable[[str], None]
 
 
-def check_config(config: ExportConfig) -> None:
-    """Raise ExportError for settings that can never work, before any slow step."""
+def check_config(config: ExportConfig) -> ExportConfig:
+    """Return the config with --weights fp32/fp16 folded into dtype; raise ExportError for settings
+    that can never work, before any slow step."""
     if config.weights not in (None, "fp32", "fp16", "int8", "int4"):
         raise ExportError(f"--weights must be fp32, fp16, int8 or int4, got '{config.weights}'")
     if config.weights in ("fp32", "fp16"):
         if config.dtype != "fp32" and config.dtype != config.weights:
             raise ExportError(f"--weights {config.weights} contradicts --dtype {config.dtype}; give one of them")
-        config.dtype, config.weights = config.weights, None
+        config = replace(config, dtype=config.weights, weights=None)
     if config.weights and config.dtype != "fp32":
         raise ExportError("--weights int8/int4 quantize an fp32 export; drop --dtype fp16")
     if config.draft and config.draft.startswith("quantized:") and \
@@ -82,6 +83,7 @@ def check_config(config: ExportConfig) -> None:
         if not torch.cuda.is_available():
             raise ExportError("--device cuda was given but PyTorch sees no CUDA GPU; use --device cpu")
     check_output_path(config.output, config.force)
+    return config
 
 
 def _versions() -> dict[str, str]:
@@ -190,7 +192,7 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
     Raises ExportError on bad input or failed validation; nothing is left at the output
     path unless the whole export succeeded.
     """
-    check_config(config)
+    config = check_config(config)
     with tempfile.TemporaryDirectory(prefix="specdec-export-") as scratch, \
             staged_folder(config.output, config.force) as staging:
         work = Path(scratch)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
 from specdec.runtime.engine import Engine, GenerationConfig
@@ -88,15 +88,15 @@ def _measure_k(engine: Engine, prompts: Sequence[PromptCase], base: GenerationCo
                repeats: int) -> _Measured:
     ratios, baseline = [], []
     accepted = tests = 0
-    plain_config = GenerationConfig(**{**base.__dict__, "drafter": "none"})
-    spec_config = GenerationConfig(**{**base.__dict__, "num_draft_tokens": k})
+    plain_config = replace(base, drafter="none")
+    spec_config = replace(base, num_draft_tokens=k)
     for repeat in range(repeats):
         for index, case in enumerate(prompts):
             # Back to back on the same prompt, order flipped each time: drift hits both sides alike.
             order = [plain_config, spec_config] if (repeat + index) % 2 == 0 else [spec_config, plain_config]
             results = {}
             for config in order:
-                result = engine.generate(case.prompt, GenerationConfig(**{**config.__dict__, "chat": case.chat}))
+                result = engine.generate(case.prompt, replace(config, chat=case.chat))
                 results[config.drafter == "none"] = result.stats
             plain, spec = results[True], results[False]
             ratios.append(spec.decode_tokens_per_second / plain.decode_tokens_per_second)
