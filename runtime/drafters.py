@@ -75,6 +75,9 @@ class ModelDrafter:
         # Single-token calls only: catch-up calls carry several tokens and would inflate c.
         self._step_seconds = 0.0
         self._steps = 0
+        # Cache positions already checked against the committed context (which never changes),
+        # so sync compares only the newest tail: no rescan of a long context per iteration.
+        self._checked = 0
 
     @property
     def calls(self) -> int:
@@ -115,11 +118,12 @@ class ModelDrafter:
     def sync(self, context: list[int]) -> None:
         """Roll the draft cache back to its longest prefix that agrees with the committed context."""
         cached = self.cache.token_ids
-        valid = 0
         limit = min(len(cached), len(context) - 1)  # keep >= 1 token to feed next time
+        valid = min(self._checked, limit)
         while valid < limit and cached[valid] == context[valid]:
             valid += 1
         self.cache.rollback(valid)
+        self._checked = valid
 
 
 class NgramDrafter:
