@@ -60,6 +60,13 @@ $(GENAI_MODEL)/genai_config.json: $(GENAI_VENV)/.installed | $(STAMP)
 anchors-genai: $(GENAI_MODEL)/genai_config.json
 
 # The full benchmark, anchors included; regenerates benchmarks/RESULTS.md.
-bench: $(STAMP) $(ARTIFACT)/specdec.json anchors-genai
+# Step times also need the plain optimum graph: a second, unoptimized export of the same model.
+$(ARTIFACT)-plain/specdec.json: | $(STAMP)
+	$(BIN)/specdec export --target "$$($(BIN)/python -m specdec.exporter.bundled)" --draft none --no-optimize \
+		--output $(ARTIFACT)-plain --force
+
+bench: $(STAMP) $(ARTIFACT)/specdec.json $(ARTIFACT)-plain/specdec.json anchors-genai
 	$(BIN)/specdec bench $(ARTIFACT) --output benchmarks/out --results benchmarks/RESULTS.md \
+		--genai-python $(GENAI_VENV)/bin/python --genai-model $(GENAI_MODEL)
+	$(BIN)/specdec bench $(ARTIFACT) --steps --compare plain=$(ARTIFACT)-plain --results benchmarks/STEPS.md \
 		--genai-python $(GENAI_VENV)/bin/python --genai-model $(GENAI_MODEL)

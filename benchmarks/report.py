@@ -23,6 +23,8 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
         f"greedy, max_new_tokens {meta['max_new_tokens']}, {meta['repeats']} repeats, configurations alternate "
         "within each prompt and repeat; figures are medians over repeats",
         f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
+        "- target step times (1/5/8 new tokens at past 64/256/1024, specdec vs plain optimum vs "
+        "onnxruntime-genai graphs): [STEPS.md](STEPS.md), written by the same `make bench`",
         "",
         "Speedup = decode tokens/s over target-only decode tokens/s of the same prompt in the same repeat "
         "(prefill excluded). Theory = Theorem 3.8 from each run's measured alpha, c and the K each iteration "
