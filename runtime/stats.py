@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specdec.runtime.theory import expected_tokens_per_iteration
+from specdec.runtime.theory import expected_speedup_over_lengths
 
 
 @dataclass
@@ -89,17 +89,12 @@ class GenerationStats:
         return self.drafted / self.iterations if self.iterations else 0.0
 
     def expected_speedup(self, verify_cost: float = 0.0) -> float:
-        """Return Theorem 3.8's speedup for the measured alpha and c, over the K each iteration drafted.
+        """Return Theorem 3.8's speedup for the measured alpha and c over the K each iteration drafted.
 
-        Per iteration with k drafts: (1 - alpha^(k+1)) / (1 - alpha) expected tokens for
-        k c + 1 + v k target-step units (v = verify_cost; 0 is the paper's assumption that
-        verifying k+1 tokens costs one step). Plain iterations (k = 0) count 1 for 1.
+        verify_cost (v): extra target cost per verified token, in 1-token steps; 0 is the
+        paper's assumption that verifying k+1 tokens costs one step.
         """
-        tokens = cost = 0.0
-        for k, count in self.draft_lengths.items():
-            tokens += count * expected_tokens_per_iteration(self.alpha, k)
-            cost += count * (k * (self.cost_ratio + verify_cost) + 1.0)
-        return tokens / cost if cost else 1.0
+        return expected_speedup_over_lengths(self.alpha, self.draft_lengths, self.cost_ratio, verify_cost)
 
     @property
     def theoretical_speedup(self) -> float:

@@ -26,6 +26,21 @@ def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_cost: float
     return expected_tokens_per_iteration(alpha, k) / (k * (cost_ratio + verify_cost) + 1.0)
 
 
+def expected_speedup_over_lengths(alpha: float, draft_lengths: dict[int, int], cost_ratio: float,
+                                  verify_cost: float = 0.0) -> float:
+    """Return Theorem 3.8's speedup over iterations that drafted different K (k -> iteration count).
+
+    Per iteration with k drafts: (1 - alpha^(k+1)) / (1 - alpha) expected tokens for
+    k (c + v) + 1 target-step units; plain iterations (k = 0) count 1 token for 1 unit.
+    A drafter that often finds fewer than K tokens (n-gram) is judged on what it drafted.
+    """
+    tokens = cost = 0.0
+    for k, count in draft_lengths.items():
+        tokens += count * expected_tokens_per_iteration(alpha, k)
+        cost += count * (k * (cost_ratio + verify_cost) + 1.0)
+    return tokens / cost if cost else 1.0
+
+
 def best_draft_length(alpha: float, cost_ratio: float, max_k: int,
                       verify_cost: float = 0.0) -> tuple[int, float]:
     """Return (k, expected speedup) maximising expected_speedup over k = 0..max_k (0: do not draft)."""

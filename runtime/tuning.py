@@ -9,7 +9,11 @@ from typing import Callable, Sequence
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.session import ModelSession
-from specdec.runtime.theory import expected_tokens_per_iteration, verify_cost_per_token
+from specdec.runtime.theory import (
+    expected_speedup_over_lengths,
+    expected_tokens_per_iteration,
+    verify_cost_per_token,
+)
 
 
 def step_times(session: ModelSession, context: list[int], max_tokens: int, repeats: int = 5) -> list[float]:
@@ -46,8 +50,8 @@ class TuneRow:
 
     k: int
     expected_paper: float  # Theorem 3.8: verification costs one target step
-    expected: float  # with the measured verify-time growth
-    measured: float | None  # tokens/s at K over target-only tokens/s, same prompts, alternating runs
+    expected: float  # with the measured verify cost, over the K actually drafted (when measured)
+    measured: float | None  # pooled decode tokens/s at K over target-only, same prompts, alternating runs
     alpha_measured: float | None = None  # per-token acceptance at this K
 
 
@@ -78,32 +82,41 @@ class TuneReport:
 
 @dataclass
 class _Measured:
-    speedup: float  # median over prompts and repeats of speculative / target-only decode tokens/s
+    speedup: float  # pooled decode tokens/s of speculative over target-only, same prompts, back to back
     accepted: int
     tests: int
+    draft_lengths: dict[int, int]  # K actually drafted -> iterations, over all runs
     baseline_tokens_per_second: float
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.tests if self.tests else 0.0
 
 
 def _measure_k(engine: Engine, prompts: Sequence[PromptCase], base: GenerationConfig, k: int,
                repeats: int) -> _Measured:
-    ratios, baseline = [], []
+    seconds = {True: 0.0, False: 0.0}
+    tokens = {True: 0, False: 0}
     accepted = tests = 0
+    lengths: dict[int, int] = {}
     plain_config = replace(base, drafter="none")
     spec_config = replace(base, num_draft_tokens=k)
     for repeat in range(repeats):
         for index, case in enumerate(prompts):
             # Back to back on the same prompt, order flipped each time: drift hits both sides alike.
             order = [plain_config, spec_config] if (repeat + index) % 2 == 0 else [spec_config, plain_config]
-            results = {}
             for config in order:
-                result = engine.generate(case.prompt, replace(config, chat=case.chat))
-                results[config.drafter == "none"] = result.stats
-            plain, spec = results[True], results[False]
-            ratios.append(spec.decode_tokens_per_second / plain.decode_tokens_per_second)
-            baseline.append(plain.decode_tokens_per_second)
-            accepted += spec.accepted
-            tests += spec.acceptance_tests
-    return _Measured(statistics.median(ratios), accepted, tests, statistics.median(baseline))
+                stats = engine.generate(case.prompt, replace(config, chat=case.chat)).stats
+                plain = config.drafter == "none"
+                seconds[plain] += stats.total_seconds - stats.prefill_seconds
+                tokens[plain] += stats.new_tokens - 1
+                if not plain:
+                    accepted += stats.accepted
+                    tests += stats.acceptance_tests
+                    for length, count in stats.draft_lengths.items():
+                        lengths[length] = lengths.get(length, 0) + count
+    spec_rate, plain_rate = tokens[False] / seconds[False], tokens[True] / seconds[True]
+    return _Measured(spec_rate / plain_rate, accepted, tests, lengths, plain_rate)
 
 
 def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int = 16, max_new_tokens: int = 64,
@@ -112,7 +125,8 @@ def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int
     """Return expected and measured speedups for K = 1..max_k with the given drafter.
 
     Each measurement runs target-only and speculative decoding back to back on the same
-    prompt (order alternating), and the measured speedup is the median of their ratios.
+    prompt (order alternating); the measured speedup is pooled decode tokens/s over all
+    prompts, and the expected one uses the alpha and draft lengths pooled the same way.
     """
     context = engine.prompt_ids(prompts[0].prompt, prompts[0].chat)[:256]
     progress("timing target calls over 1..%d tokens" % (max_k + 1))
@@ -139,13 +153,15 @@ def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int
     report = TuneReport(drafter=drafter, alpha=alpha, cost_ratio=cost_ratio, target_step_seconds=target_times,
                         draft_step_seconds=draft_step,
                         baseline_tokens_per_second=statistics.median(m.baseline_tokens_per_second for m in pool))
+    verify_cost = verify_cost_per_token(target_times)
     for k in range(1, max_k + 1):
         m = measured.get(k)
-        a = m.accepted / m.tests if m and m.tests else alpha
+        a = m.alpha if m and m.tests else alpha
         report.rows.append(TuneRow(
             k=k,
             expected_paper=expected_tokens_per_iteration(a, k) / (k * cost_ratio + 1.0),
-            expected=expected_speedup_with_verify_curve(a, k, cost_ratio, target_times[k] / target_times[0]),
+            expected=(expected_speedup_over_lengths(a, m.draft_lengths, cost_ratio, verify_cost) if m
+                      else expected_speedup_with_verify_curve(a, k, cost_ratio, target_times[k] / target_times[0])),
             measured=m.speedup if m else None,
             alpha_measured=a if m else None,
         ))
@@ -161,7 +177,7 @@ def format_table(report: TuneReport) -> str:
         f"target 1-token call {report.target_step_seconds[0] * 1e3:.1f} ms, verify cost per extra token "
         f"{report.verify_cost:.3f} steps, target-only {report.baseline_tokens_per_second:.1f} tok/s",
         "",
-        "| K | alpha at K | expected (paper) | expected (measured verify cost) | measured |",
+        "| K | alpha at K | expected (paper, nominal K) | expected (measured verify cost, K drafted) | measured |",
         "|---|---|---|---|---|",
     ]
     for row in report.rows:
