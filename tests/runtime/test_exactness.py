@@ -108,7 +108,9 @@ def test_sampled_speculative_matches_target_distribution(tiny_near_draft_artifac
     drafted = 0
     for seed in range(runs):
         # 4 new tokens: the prefill gives the 1st, then one verify call with K = 2 drafts.
-        config = GenerationConfig(max_new_tokens=4, seed=seed, drafter=drafter, num_draft_tokens=3, **settings)
+        # ngram_min=1: the 1st token must be enough of a suffix for the n-gram drafter to propose.
+        config = GenerationConfig(max_new_tokens=4, seed=seed, drafter=drafter, num_draft_tokens=3, ngram_min=1,
+                                  **settings)
         result = engine.generate(prompt_ids, config)
         drafted += result.stats.drafted
         counts[tuple(result.token_ids[:2])] += 1
