@@ -10,8 +10,6 @@ from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
 
-_STATS_FIELDS = set(GenerationStats.__dataclass_fields__)
-
 BASELINE = "target-only"
 
 
@@ -32,7 +30,7 @@ class Run:
     prompt: PromptCase
     config: BenchConfig
     token_ids: list[int]
-    stats: dict
+    stats: GenerationStats
 
 
 def configurations(engine: Engine, k: int) -> list[BenchConfig]:
@@ -61,7 +59,7 @@ def run_bench(engine: Engine, prompts: Sequence[PromptCase], configs: Sequence[B
                 result = engine.generate(case.prompt, GenerationConfig(
                     max_new_tokens=max_new_tokens, drafter=config.drafter,
                     num_draft_tokens=config.num_draft_tokens, chat=case.chat))
-                runs.append(Run(repeat, case, config, result.token_ids, result.stats.as_dict()))
+                runs.append(Run(repeat, case, config, result.token_ids, result.stats))
     return runs
 
 
@@ -79,9 +77,9 @@ def summarize(runs: Sequence[Run], verify_cost: float = 0.0) -> list[dict]:
     keys = list(dict.fromkeys((r.prompt.id, r.config.name) for r in runs))
     for prompt_id, config_name in keys:
         group = [r for r in runs if r.prompt.id == prompt_id and r.config.name == config_name]
-        ratios = [r.stats["decode_tokens_per_second"] / baseline[(r.repeat, prompt_id)].stats["decode_tokens_per_second"]
+        ratios = [r.stats.decode_tokens_per_second / baseline[(r.repeat, prompt_id)].stats.decode_tokens_per_second
                   for r in group]
-        median = lambda key: statistics.median(r.stats[key] for r in group)  # noqa: E731
+        median = lambda key: statistics.median(getattr(r.stats, key) for r in group)  # noqa: E731
         total = median("total_seconds")
         rows.append({
             "prompt": prompt_id,
@@ -98,9 +96,7 @@ def summarize(runs: Sequence[Run], verify_cost: float = 0.0) -> list[dict]:
             "target_share": (median("target_seconds") + median("prefill_seconds")) / total if total else 0.0,
             "other_share": median("other_seconds") / total if total else 0.0,
             "theoretical_speedup": median("theoretical_speedup"),
-            "theoretical_speedup_verify": statistics.median(
-                GenerationStats(**{k: v for k, v in r.stats.items() if k in _STATS_FIELDS}).expected_speedup(verify_cost)
-                for r in group),
+            "theoretical_speedup_verify": statistics.median(r.stats.expected_speedup(verify_cost) for r in group),
             "greedy_equal": all(r.token_ids == baseline[(r.repeat, prompt_id)].token_ids for r in group),
         })
     return rows

@@ -26,7 +26,7 @@ from specdec.exporter.optimize import optimize_graph
 from specdec.exporter.sources import LoadedSource, load_source
 from specdec.exporter.staging import check_output_path, staged_folder
 from specdec.exporter.tokenizer_check import check_tokenizers_compatible
-from specdec.exporter.quantize import quantize_graph
+from specdec.exporter.quantize import WEIGHT_CHOICES, quantize_graph
 from specdec.exporter.validate import DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, validate_graph
 
 QUANTIZED_DRAFTS = ("int8", "int4")
@@ -60,7 +60,7 @@ Progress = Callable[[str], None]
 def check_config(config: ExportConfig) -> ExportConfig:
     """Return the config with --weights fp32/fp16 folded into dtype; raise ExportError for settings
     that can never work, before any slow step."""
-    if config.weights not in (None, "fp32", "fp16", "int8", "int4"):
+    if config.weights is not None and config.weights not in WEIGHT_CHOICES:
         raise ExportError(f"--weights must be fp32, fp16, int8 or int4, got '{config.weights}'")
     if config.weights in ("fp32", "fp16"):
         if config.dtype != "fp32" and config.dtype != config.weights:

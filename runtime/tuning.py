@@ -10,6 +10,7 @@ from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.session import ModelSession
 from specdec.runtime.theory import (
+    expected_speedup,
     expected_speedup_over_lengths,
     expected_tokens_per_iteration,
     verify_cost_per_token,
@@ -159,7 +160,7 @@ def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int
         a = m.alpha if m and m.tests else alpha
         report.rows.append(TuneRow(
             k=k,
-            expected_paper=expected_tokens_per_iteration(a, k) / (k * cost_ratio + 1.0),
+            expected_paper=expected_speedup(a, k, cost_ratio),
             expected=(expected_speedup_over_lengths(a, m.draft_lengths, cost_ratio, verify_cost) if m
                       else expected_speedup_with_verify_curve(a, k, cost_ratio, target_times[k] / target_times[0])),
             measured=m.speedup if m else None,
