@@ -8,14 +8,13 @@ import os
 import platform
 import shutil
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
 import click
 import numpy as np
 
-from specdec.cli.errors import one_line_errors
+from specdec.cli.errors import elapsed_progress, one_line_errors
 
 
 def _machine() -> str:
@@ -86,11 +85,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     from specdec.runtime.theory import verify_cost_per_token
     from specdec.runtime.tuning import step_times
 
-    started = time.perf_counter()
-
-    def progress(message: str) -> None:
-        click.echo(f"[{time.perf_counter() - started:7.1f}s] {message}", err=True)
-
+    progress = elapsed_progress()
     prompt_path = prompts_file or PROMPTS_FILE
     prompts = load_prompts(prompt_path)
     engine = Engine.load(artifact, provider=provider, threads=threads)
@@ -181,8 +176,7 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
     from specdec.models.manifest import load_manifest
     from specdec.runtime.session import ModelSession
 
-    started = time.perf_counter()
-    progress = lambda m: click.echo(f"[{time.perf_counter() - started:7.1f}s] {m}", err=True)  # noqa: E731
+    progress = elapsed_progress()
     named = [("specdec", Path(artifact))]
     for item in compare:
         name, _, path = str(item).partition("=")

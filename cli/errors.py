@@ -1,4 +1,4 @@
-"""Turning specdec's errors into one-line CLI errors."""
+"""Shared CLI plumbing: one-line errors and elapsed-time progress lines."""
 
 from __future__ import annotations
 
@@ -24,3 +24,15 @@ def one_line_errors(command):
             sys.exit(130)
 
     return wrapper
+
+
+def elapsed_progress():
+    """Return a progress callback that prints `[  12.3s] message` to stderr, timed from now."""
+    import time
+
+    started = time.perf_counter()
+
+    def progress(message: str) -> None:
+        click.echo(f"[{time.perf_counter() - started:7.1f}s] {message}", err=True)
+
+    return progress

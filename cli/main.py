@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import click
 
-from specdec.cli.errors import one_line_errors
+from specdec.cli.errors import elapsed_progress, one_line_errors
 
 
 def _draft_tokens(value: str | None) -> int | str | None:
@@ -63,11 +62,7 @@ def export(target, draft, output, dtype, weights, device, opset, trust_remote_co
     """Export a draft and a target model into one validated artifact folder."""
     from specdec.exporter.pipeline import ExportConfig, run_export
 
-    started = time.perf_counter()
-
-    def progress(message: str) -> None:
-        click.echo(f"[{time.perf_counter() - started:6.1f}s] {message}", err=True)
-
+    progress = elapsed_progress()
     config = ExportConfig(
         target=target,
         draft=None if draft.lower() == "none" else draft,
@@ -241,10 +236,9 @@ def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, repeats, no_mea
     kind = drafter if drafter != "auto" else ("model" if engine.draft is not None else "ngram")
     if kind == "model" and engine.draft is None:
         raise click.ClickException("this artifact has no draft model; tune --drafter ngram")
-    started = time.perf_counter()
     report = run_tune(engine, prompts, kind, max_k=max_k, max_new_tokens=max_new_tokens, measure=not no_measure,
                       repeats=repeats,
-                      progress=lambda m: click.echo(f"[{time.perf_counter() - started:6.1f}s] {m}", err=True))
+                      progress=elapsed_progress())
     if not no_plot:
         from specdec.cli.plots import plot_tune
 
