@@ -89,3 +89,22 @@ def test_adaptive_learns_cost_ratio_against_a_one_token_call():
         # a 4-token target call of 13 ms is a 10 ms 1-token call at v = 0.1; drafts take 3 ms
         policy.observe(3, 1, True, draft_step_seconds=0.003, target_tokens=4, target_seconds=0.013)
     assert abs(policy.cost_ratio - 0.3) < 0.01
+
+
+def test_adaptive_alpha_pools_tests_across_iterations():
+    # Runs of 7 accepted drafts (7 tests, bonus) alternate with immediate rejections (1 test):
+    # 7 passes in 8 tests is alpha = 0.875. Averaging each iteration's own ratio (1 and 0)
+    # would say 0.5 and pick a short K.
+    policy = AdaptiveDraftLength(max_k=8, cost_ratio=0.0, verify_cost=0.05)
+    for _ in range(30):
+        policy.observe(7, 7, rejected=False)
+        policy.observe(7, 0, rejected=True)
+    assert 0.8 < policy.alpha < 0.95
+    assert policy.choose() >= 6
+
+
+def test_adaptive_alpha_follows_a_steady_rate():
+    policy = AdaptiveDraftLength(alpha=0.5)
+    for _ in range(100):
+        policy.observe(4, 3, rejected=True)  # 3 passes, then a rejection: 3 of 4 tests
+    assert abs(policy.alpha - 0.75) < 1e-6
