@@ -1,8 +1,11 @@
-"""The exporter's optimization stage: onnxruntime's transformer fusions, where they pay off.
+"""The exporter's optimization stage: graph rewrites that make decoding faster, where they pay off.
 
-What runs for a family is decided in `models/architectures.py` (`ort_fusion_type`), from
-measurement on this project's machines; a family without one keeps the plain graph, and
-the manifest says so.
+Two rewrites, each recorded in the manifest:
+- onnxruntime's transformer fusions, for the families `models/architectures.py` names
+  (`ort_fusion_type`), chosen by measurement on this project's machines;
+- grouped-query attention without repeat_kv copies (`grouped_attention.py`), for every
+  graph whose KV heads are fewer than its query heads.
+A graph neither applies to keeps the plain optimum graph, and the manifest says so.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import onnx
 
+from specdec.exporter.grouped_attention import regroup_attention
 from specdec.models.architectures import ArchitectureSpec
 from specdec.models.manifest import sha256_of_file
 
@@ -37,34 +41,51 @@ class OptimizationReport:
 
 
 def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, Any]) -> OptimizationReport:
-    """Rewrite `graph_path` in place with onnxruntime's fusions for its family; return what was done.
+    """Rewrite `graph_path` in place (fusions for its family, grouped-query attention); return what was done.
 
     The graph keeps its inputs and outputs (names, shapes), so the runtime drives it the same way.
     """
     before = sha256_of_file(graph_path)
-    if not arch.ort_fusion_type:
-        return OptimizationReport(sha256_before=before, sha256_after=before,
-                                  note=f"no fusion measured to help the {arch.family} family; plain graph kept")
     if any(t.data_location == onnx.TensorProto.EXTERNAL
            for t in onnx.load(str(graph_path), load_external_data=False).graph.initializer):
         return OptimizationReport(sha256_before=before, sha256_after=before,
                                   note="graph keeps its weights in external data (> 2 GB); plain graph kept")
+    heads = int(config.get(arch.heads_key) or 0)
+    kv_heads = arch.num_kv_heads(config) if heads else 0
+    applied: list[str] = []
+    fused: dict[str, int] = {}
+    if arch.ort_fusion_type:
+        model, fused = _ort_fusions(graph_path, arch, heads, int(config.get(arch.hidden_key) or 0))
+        applied.append(f"onnxruntime transformers optimizer ({arch.ort_fusion_type} fusions)")
+    else:
+        model = onnx.load(str(graph_path))
+    regrouped = regroup_attention(model, heads, kv_heads)
+    if regrouped:
+        applied.append(f"grouped-query attention without repeat_kv copies ({regrouped} MatMuls, "
+                       f"{heads} query / {kv_heads} KV heads)")
+        fused["GroupedQueryMatMul"] = regrouped
+    if not applied:
+        return OptimizationReport(sha256_before=before, sha256_after=before,
+                                  note=f"nothing measured to help the {arch.family} family applies; plain graph kept")
+    temporary = graph_path.with_suffix(".optimized.onnx")
+    onnx.save(model, str(temporary))
+    os.replace(temporary, graph_path)
+    return OptimizationReport(applied=applied, fused_operators=fused, sha256_before=before,
+                              sha256_after=sha256_of_file(graph_path))
+
+
+def _ort_fusions(graph_path: Path, arch: ArchitectureSpec, heads: int, hidden: int) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """Return the graph with onnxruntime's transformer fusions for the family, and the fused-op counts."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     options = FusionOptions(arch.ort_fusion_type)
     # Attention fusion would change the past/present interface the runtime drives; keep it off.
     options.enable_attention = False
-    heads = config.get(arch.heads_key) or 0
-    hidden = config.get(arch.hidden_key) or 0
     quiet = io.StringIO()
     logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
     with contextlib.redirect_stdout(quiet):
-        model = optimize_model(str(graph_path), model_type=arch.ort_fusion_type, num_heads=int(heads),
-                               hidden_size=int(hidden), optimization_options=options, opt_level=0)
+        model = optimize_model(str(graph_path), model_type=arch.ort_fusion_type, num_heads=heads,
+                               hidden_size=hidden, optimization_options=options, opt_level=0)
         fused = {op: count for op, count in model.get_fused_operator_statistics().items() if count}
-        temporary = graph_path.with_suffix(".optimized.onnx")
-        model.save_model_to_file(str(temporary), use_external_data_format=False)
-    os.replace(temporary, graph_path)
-    return OptimizationReport(applied=[f"onnxruntime transformers optimizer ({arch.ort_fusion_type} fusions)"],
-                              fused_operators=fused, sha256_before=before, sha256_after=sha256_of_file(graph_path))
+    return model.model, fused
