@@ -6,6 +6,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from specdec.bench.replay import CostModel, replay_ngram
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
@@ -117,4 +118,34 @@ def group_summary(rows: Sequence[dict]) -> list[dict]:
                     "tokens_per_second": statistics.median(r["tokens_per_second"] for r in sel),
                     "decode_tokens_per_second": statistics.median(r["decode_tokens_per_second"] for r in sel),
                     "greedy_equal": all(r["greedy_equal"] for r in sel)})
+    return out
+
+
+def rollback_cost(runs: Sequence[Run], step_seconds: float) -> float:
+    """Return the median cost of one cache rollback, in 1-token target steps, over the speculative runs.
+
+    A rejection (acceptance tests minus accepted drafts) is what triggers a rollback.
+    """
+    per_rollback = [r.stats.rollback_seconds / (r.stats.acceptance_tests - r.stats.accepted)
+                    for r in runs if r.stats.acceptance_tests > r.stats.accepted]
+    return statistics.median(per_rollback) / step_seconds if per_rollback and step_seconds > 0 else 0.0
+
+
+def replay_rows(runs: Sequence[Run], prompt_ids: dict[str, list[int]], rows: Sequence[dict], cost: CostModel,
+                ks: Sequence[int], measured_config: str) -> list[dict]:
+    """Return per prompt: the measured speedup of `measured_config` next to n-gram drafting replayed
+    over the target-only greedy output (first repeat) at each K in `ks` and with the best
+    possible draft-length choice (the oracle), under `cost`."""
+    out = []
+    for run in runs:
+        if run.config.name != BASELINE or run.repeat != 0:
+            continue
+        measured = next((r["speedup"] for r in rows if r["prompt"] == run.prompt.id and r["config"] == measured_config),
+                        None)
+        replays = {k: replay_ngram(prompt_ids[run.prompt.id], run.token_ids, k, cost) for k in ks}
+        oracle = replay_ngram(prompt_ids[run.prompt.id], run.token_ids, None, cost)
+        out.append({"prompt": run.prompt.id, "group": run.prompt.group, "measured_config": measured_config,
+                    "measured_speedup": measured,
+                    "replay_speedup": {str(k): r.speedup for k, r in replays.items()},
+                    "oracle_speedup": oracle.speedup, "oracle_tokens_per_call": oracle.tokens_per_call})
     return out

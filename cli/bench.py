@@ -78,7 +78,9 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         return
     from specdec.bench import PROMPT_SET_VERSION, PROMPTS_FILE
     from specdec.bench.report import anchor_rows, markdown_report
-    from specdec.bench.runner import BASELINE, configurations, group_summary, run_bench, summarize
+    from specdec.bench.replay import CostModel
+    from specdec.bench.runner import (BASELINE, configurations, group_summary, replay_rows, rollback_cost, run_bench,
+                                      summarize)
     from specdec.models.manifest import sha256_of_file
     from specdec.runtime.engine import DEFAULT_DRAFT_TOKENS, Engine
     from specdec.runtime.prompts import load_prompts
@@ -93,7 +95,8 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     configs = configurations(engine, k)
     progress(f"timing target calls over 1..{k + 1} tokens (verify cost)")
     context = engine.prompt_ids(prompts[0].prompt, prompts[0].chat)[:256]
-    verify_cost = verify_cost_per_token(step_times(engine.target, context, k + 1, repeats=7))
+    call_seconds = step_times(engine.target, context, k + 1, repeats=7)
+    verify_cost = verify_cost_per_token(call_seconds)
     prompt_ids = {case.id: engine.prompt_ids(case.prompt, case.chat) for case in prompts}
     runs, anchor_runs = [], []
     # Repeats alternate specdec and onnxruntime-genai, so both see the same machine state.
@@ -105,6 +108,9 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
             anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress)
     rows = summarize(runs, verify_cost)
     groups = group_summary(rows)
+    ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
+    cost = CostModel(verify_cost, rollback_cost([r for r in runs if r.config.name == ngram_fixed], call_seconds[0]))
+    replays = replay_rows(runs, prompt_ids, rows, cost, sorted({k, 2 * k}), ngram_fixed)
 
     anchor_table: list[dict] = []
     eos = sorted(engine.eos_token_ids)
@@ -113,7 +119,6 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     if anchor_runs:
         baseline_text = {r.prompt.id: engine.codec.decode(r.token_ids)
                          for r in runs if r.config.name == BASELINE and r.repeat == 0}
-        ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
         anchor_table = anchor_rows(
             anchor_runs, rows, {case.id: case.group for case in prompts}, baseline_text, engine.codec.decode,
             {"transformers greedy": BASELINE, "transformers prompt-lookup": ngram_fixed,
@@ -133,13 +138,14 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         "repeats": repeats,
         "provider": engine.provider,
         "verify_cost": verify_cost,
+        "rollback_cost": cost.rollback_cost,
         "versions": _versions(),
     }
-    document = {"meta": meta, "groups": groups, "rows": rows, "anchors": anchor_table,
+    document = {"meta": meta, "groups": groups, "rows": rows, "replay": replays, "anchors": anchor_table,
                 "anchor_runs": [{**a.__dict__, "tokens_per_second": a.tokens_per_second} for a in anchor_runs]}
     output.mkdir(parents=True, exist_ok=True)
     (output / "bench.json").write_text(json.dumps(document, indent=2) + "\n")
-    markdown = markdown_report(meta, groups, rows, anchor_table)
+    markdown = markdown_report(meta, groups, rows, anchor_table, replays)
     if not no_plot:
         from specdec.cli.plots import plot_bench
 

@@ -38,6 +38,12 @@ def test_bench_writes_table_json_and_plot(tiny_artifacts, tmp_path):
     text = results.read_text()
     assert "| grounded | model K=3 |" in text and "## Anchors" in text
     assert (tmp_path / "RESULTS.png").stat().st_size > 1000 and "(RESULTS.png)" in text
+    # the replay of the first repeat's greedy output: the bound is at least every fixed K replayed
+    replays = {r["prompt"]: r for r in document["replay"]}
+    assert set(replays) == {"g", "o"} and "## What n-gram drafting could reach" in text
+    for r in replays.values():
+        assert set(r["replay_speedup"]) == {"3", "6"}
+        assert all(r["oracle_speedup"] >= s - 1e-9 for s in r["replay_speedup"].values())
 
 
 def test_step_time_table(tiny_artifacts, tiny_target_only_artifact, tmp_path):
