@@ -149,3 +149,28 @@ def replay_rows(runs: Sequence[Run], prompt_ids: dict[str, list[int]], rows: Seq
                     "replay_speedup": {str(k): r.speedup for k, r in replays.items()},
                     "oracle_speedup": oracle.speedup, "oracle_tokens_per_call": oracle.tokens_per_call})
     return out
+
+
+def verify_cost_from_calls(runs: Sequence[Run], min_samples: int = 5) -> tuple[float, float]:
+    """Return (v, 1-token call seconds) from the target calls of `runs` themselves.
+
+    v is the extra cost of each verified token beyond the first, in 1-token calls: the
+    least-squares slope of median t(n) / median t(1) - 1 against n - 1, through the
+    1-token point, each length weighted by its number of calls. Calls of every length come
+    from the same generations, so they share context lengths and machine state; lengths
+    with fewer than `min_samples` calls are left out. (0, 0) when there are no 1-token calls.
+    """
+    pooled: dict[int, list[float]] = {}
+    for run in runs:
+        for n, seconds in run.stats.call_seconds.items():
+            pooled.setdefault(n, []).extend(seconds)
+    if len(pooled.get(1, [])) < min_samples:
+        return 0.0, 0.0
+    one = statistics.median(pooled[1])
+    num = den = 0.0
+    for n, seconds in pooled.items():
+        if n > 1 and len(seconds) >= min_samples:
+            x, weight = n - 1, len(seconds)
+            num += weight * x * (statistics.median(seconds) / one - 1.0)
+            den += weight * x * x
+    return (max(num / den, 0.0) if den else 0.0), one

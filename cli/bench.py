@@ -80,23 +80,16 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     from specdec.bench.report import anchor_rows, markdown_report
     from specdec.bench.replay import CostModel
     from specdec.bench.runner import (BASELINE, configurations, group_summary, replay_rows, rollback_cost, run_bench,
-                                      summarize)
+                                      summarize, verify_cost_from_calls)
     from specdec.models.manifest import sha256_of_file
     from specdec.runtime.engine import DEFAULT_DRAFT_TOKENS, Engine
     from specdec.runtime.prompts import load_prompts
-    from specdec.runtime.theory import verify_cost_per_token
-    from specdec.runtime.tuning import step_times
-
     progress = elapsed_progress()
     prompt_path = prompts_file or PROMPTS_FILE
     prompts = load_prompts(prompt_path)
     engine = Engine.load(artifact, provider=provider, threads=threads)
     k = num_draft_tokens or int(engine.manifest.runtime_defaults.get("num_draft_tokens", DEFAULT_DRAFT_TOKENS))
     configs = configurations(engine, k)
-    progress(f"timing target calls over 1..{k + 1} tokens (verify cost)")
-    context = engine.prompt_ids(prompts[0].prompt, prompts[0].chat)[:256]
-    call_seconds = step_times(engine.target, context, k + 1, repeats=7)
-    verify_cost = verify_cost_per_token(call_seconds)
     prompt_ids = {case.id: engine.prompt_ids(case.prompt, case.chat) for case in prompts}
     runs, anchor_runs = [], []
     # Repeats alternate specdec and onnxruntime-genai, so both see the same machine state.
@@ -106,10 +99,14 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
             from specdec.bench.genai_anchor import run_genai
 
             anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress)
+    ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
+    # How verification cost grows with the tokens per call, from the fixed-K n-gram runs' own
+    # target calls (1-token calls where nothing matched, K+1 where it did), not a separate probe.
+    fixed_runs = [r for r in runs if r.config.name == ngram_fixed]
+    verify_cost, one_token_seconds = verify_cost_from_calls(fixed_runs)
     rows = summarize(runs, verify_cost)
     groups = group_summary(rows)
-    ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
-    cost = CostModel(verify_cost, rollback_cost([r for r in runs if r.config.name == ngram_fixed], call_seconds[0]))
+    cost = CostModel(verify_cost, rollback_cost(fixed_runs, one_token_seconds))
     replays = replay_rows(runs, prompt_ids, rows, cost, sorted({k, 2 * k}), ngram_fixed)
 
     anchor_table: list[dict] = []

@@ -20,21 +20,20 @@ from specdec.runtime.theory import (
 def step_times(session: ModelSession, context: list[int], max_tokens: int, repeats: int = 5) -> list[float]:
     """Return the median seconds of one call over n = 1..max_tokens new tokens after `context`.
 
-    Each call is rolled back before the next, so every measurement starts from the same cache.
+    Each call is rolled back before the next, so every measurement starts from the same
+    cache; the lengths take turns within each round, so drift of a noisy machine hits all alike.
     """
     cache = session.new_cache()
     session.forward(cache, context)
-    medians = []
-    for n in range(1, max_tokens + 1):
-        tokens = context[-n:] if len(context) >= n else (context * n)[:n]
-        samples = []
-        for _ in range(repeats):
+    samples: list[list[float]] = [[] for _ in range(max_tokens)]
+    for _ in range(repeats):
+        for n in range(1, max_tokens + 1):
+            tokens = context[-n:] if len(context) >= n else (context * n)[:n]
             before = cache.run_seconds
             session.forward(cache, tokens)
-            samples.append(cache.run_seconds - before)
+            samples[n - 1].append(cache.run_seconds - before)
             cache.rollback(len(context))
-        medians.append(statistics.median(samples))
-    return medians
+    return [statistics.median(times) for times in samples]
 
 
 def expected_speedup_with_verify_curve(alpha: float, k: int, cost_ratio: float, verify_ratio: float) -> float:
