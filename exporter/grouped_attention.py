@@ -47,7 +47,7 @@ def regroup_attention(model: onnx.ModelProto, num_heads: int, num_kv_heads: int)
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    constants = _constant_values(graph)
+    constants = constant_values(graph)
 
     repeats = [r for node in graph.node if node.op_type == "Reshape"
                if (r := _match_repeat_kv(node, producers, constants)) is not None]
@@ -93,7 +93,7 @@ def regroup_attention(model: onnx.ModelProto, num_heads: int, num_kv_heads: int)
             ordered.append(node)
     del graph.node[:]
     graph.node.extend(ordered)
-    _remove_dead_nodes(graph)
+    remove_dead_nodes(graph)
     return rewritten
 
 
@@ -157,7 +157,8 @@ def _unsqueeze_axes(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> l
     return None
 
 
-def _constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+def constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Return the values of small initializers and Constant nodes, by tensor name."""
     values = {init.name: numpy_helper.to_array(init) for init in graph.initializer
               if init.data_location != onnx.TensorProto.EXTERNAL and _small(init)}
     for node in graph.node:
@@ -183,7 +184,7 @@ def _remove_constants(graph: onnx.GraphProto, names: list[str]) -> None:
     graph.initializer.extend(keep)
 
 
-def _remove_dead_nodes(graph: onnx.GraphProto) -> None:
+def remove_dead_nodes(graph: onnx.GraphProto) -> None:
     """Drop nodes (the old repeat_kv copies, shape arithmetic) no graph output depends on."""
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
         return  # subgraphs may read outer names; dead nodes only cost memory, so keep them

@@ -1,10 +1,13 @@
 """The exporter's optimization stage: graph rewrites that make decoding faster, where they pay off.
 
-Two rewrites, each recorded in the manifest:
+Rewrites, each recorded in the manifest:
 - onnxruntime's transformer fusions, for the families `models/architectures.py` names
   (`ort_fusion_type`), chosen by measurement on this project's machines;
-- grouped-query attention without repeat_kv copies (`grouped_attention.py`), for every
-  graph whose KV heads are fewer than its query heads.
+- attention over one shared, preallocated KV buffer per tensor (`shared_kv.py`,
+  onnxruntime's GroupQueryAttention), for the families marked `shared_kv_buffer`;
+  this changes how the runtime binds the cache, so the manifest's `kv_buffer` says so;
+- otherwise grouped-query attention without repeat_kv copies (`grouped_attention.py`),
+  for every graph whose KV heads are fewer than its query heads.
 A graph neither applies to keeps the plain optimum graph, and the manifest says so.
 """
 
@@ -21,7 +24,8 @@ from typing import Any
 import onnx
 
 from specdec.exporter.grouped_attention import regroup_attention
-from specdec.models.architectures import ArchitectureSpec
+from specdec.exporter.shared_kv import fuse_shared_kv_attention
+from specdec.models.architectures import PAST_KEY, PAST_VALUE, PRESENT_KEY, PRESENT_VALUE, ArchitectureSpec
 from specdec.models.manifest import sha256_of_file
 
 
@@ -34,6 +38,7 @@ class OptimizationReport:
     sha256_before: str = ""
     sha256_after: str = ""
     note: str = ""  # why nothing was applied, if so
+    kv_buffer: str = "concat"  # "shared": attention rewritten over one preallocated KV buffer per tensor
 
     def as_dict(self) -> dict[str, Any]:
         """Return the report as JSON-ready data (stored in the manifest)."""
@@ -41,9 +46,11 @@ class OptimizationReport:
 
 
 def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, Any]) -> OptimizationReport:
-    """Rewrite `graph_path` in place (fusions for its family, grouped-query attention); return what was done.
+    """Rewrite `graph_path` in place (fusions for its family, attention); return what was done.
 
-    The graph keeps its inputs and outputs (names, shapes), so the runtime drives it the same way.
+    The graph keeps its inputs and outputs, except under a shared KV buffer
+    (report.kv_buffer == "shared"): attention_mask goes, seqlens_k and
+    total_sequence_length come, and past/present become one buffer per tensor.
     """
     before = sha256_of_file(graph_path)
     if any(t.data_location == onnx.TensorProto.EXTERNAL
@@ -59,7 +66,18 @@ def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, A
         applied.append(f"onnxruntime transformers optimizer ({arch.ort_fusion_type} fusions)")
     else:
         model = onnx.load(str(graph_path))
-    regrouped = regroup_attention(model, heads, kv_heads)
+    kv_buffer = "concat"
+    layers = arch.num_layers(config)
+    shared = arch.shared_kv_buffer and fuse_shared_kv_attention(
+        model, layers, heads, kv_heads,
+        [[PAST_KEY.format(layer=i), PAST_VALUE.format(layer=i)] for i in range(layers)],
+        [[PRESENT_KEY.format(layer=i), PRESENT_VALUE.format(layer=i)] for i in range(layers)])
+    regrouped = 0 if shared else regroup_attention(model, heads, kv_heads)
+    if shared:
+        kv_buffer = "shared"
+        applied.append(f"one shared KV buffer per layer: GroupQueryAttention ({shared} layers, "
+                       f"{heads} query / {kv_heads} KV heads)")
+        fused["GroupQueryAttention"] = shared
     if regrouped:
         applied.append(f"grouped-query attention without repeat_kv copies ({regrouped} MatMuls, "
                        f"{heads} query / {kv_heads} KV heads)")
@@ -71,7 +89,7 @@ def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, A
     onnx.save(model, str(temporary))
     os.replace(temporary, graph_path)
     return OptimizationReport(applied=applied, fused_operators=fused, sha256_before=before,
-                              sha256_after=sha256_of_file(graph_path))
+                              sha256_after=sha256_of_file(graph_path), kv_buffer=kv_buffer)
 
 
 def _ort_fusions(graph_path: Path, arch: ArchitectureSpec, heads: int, hidden: int) -> tuple[onnx.ModelProto, dict[str, int]]:

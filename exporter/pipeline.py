@@ -23,6 +23,7 @@ from specdec.models.manifest import (
 from specdec.exporter.onnx_export import export_onnx, read_layout
 from specdec.exporter.kv_slice import write_kv_slice_graph
 from specdec.exporter.optimize import optimize_graph
+from specdec.exporter.shared_kv import SEQLENS_NAME, TOTAL_LENGTH_NAME
 from specdec.exporter.sources import LoadedSource, load_source
 from specdec.exporter.staging import check_output_path, staged_folder
 from specdec.exporter.tokenizer_check import check_tokenizers_compatible
@@ -114,6 +115,8 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         optimization = optimize_graph(folder / layout.files[0], arch, loaded.config).as_dict()
     else:
         optimization = {"applied": [], "note": "--no-optimize"}
+    kv_buffer = optimization.pop("kv_buffer", "concat")
+    shared = kv_buffer == "shared"
     if config.weights:
         progress(f"{role}: quantizing MatMul weights to {config.weights}")
         optimization["quantization"] = quantize_graph(folder / layout.files[0], config.weights)
@@ -133,7 +136,7 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         head_dim=head_dim,
         kv_dtype=layout.kv_dtype,
         input_ids_name=layout.input_ids_name,
-        attention_mask_name=layout.attention_mask_name,
+        attention_mask_name=None if shared else layout.attention_mask_name,
         position_ids_name=layout.position_ids_name,
         past_names=layout.past_names,
         present_names=layout.present_names,
@@ -144,6 +147,9 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         source=loaded.source,
         revision=loaded.revision,
         optimization=optimization,
+        kv_buffer=kv_buffer,
+        seqlens_name=SEQLENS_NAME if shared else None,
+        total_length_name=TOTAL_LENGTH_NAME if shared else None,
     )
 
 

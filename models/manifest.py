@@ -26,8 +26,11 @@ MANIFEST_FILENAME = "specdec.json"
 MANIFEST_FORMAT = "specdec-artifact"
 # Bump when the runtime can no longer read older artifacts the same way.
 # v2 added GraphSpec.optimization; v1 artifacts load as plain graphs.
-MANIFEST_VERSION = 2
-SUPPORTED_MANIFEST_VERSIONS = (1, 2)
+# v3 added GraphSpec.kv_buffer ("shared": graphs an older runtime cannot drive) and the
+# length inputs that go with it; v1/v2 artifacts load as "concat".
+MANIFEST_VERSION = 3
+SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3)
+KV_BUFFERS = ("concat", "shared")
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class GraphSpec:
     head_dim: int
     kv_dtype: str  # numpy dtype name of past/present tensors: "float32" or "float16"
     input_ids_name: str
-    attention_mask_name: str
+    attention_mask_name: str | None  # None: the graph has no mask input (kv_buffer "shared")
     position_ids_name: str | None  # None: the graph derives positions itself
     past_names: list[list[str]]  # per layer: [key input, value input]
     present_names: list[list[str]]  # per layer: [key output, value output]
@@ -58,6 +61,14 @@ class GraphSpec:
     # What the exporter's optimization stage did: applied steps, fused operators, graph
     # sha256 before/after, or a note on why the plain graph was kept ({} in v1 artifacts).
     optimization: dict[str, Any] = field(default_factory=dict)
+    # How the graph keeps its KV cache. "concat": present = past + new positions, a new
+    # tensor each step (rollback crops with kv_slice_file). "shared": past and present are
+    # one preallocated buffer per tensor, [1, kv_heads, capacity, head_dim], written in
+    # place; the graph reads `seqlens_name` (int32 [1], total length - 1) and
+    # `total_length_name` (int32 scalar), and a rollback is only a shorter length.
+    kv_buffer: str = "concat"
+    seqlens_name: str | None = None
+    total_length_name: str | None = None
 
     @property
     def graph_file(self) -> str:
@@ -154,7 +165,7 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         head_dim=i("head_dim"),
         kv_dtype=s("kv_dtype"),
         input_ids_name=s("input_ids_name"),
-        attention_mask_name=s("attention_mask_name"),
+        attention_mask_name=s("attention_mask_name", True),
         position_ids_name=s("position_ids_name", True),
         past_names=_get(data, "past_names", (list,), where),
         present_names=_get(data, "present_names", (list,), where),
@@ -165,6 +176,9 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         source=s("source"),
         revision=s("revision", True),
         optimization=_get(data, "optimization", (dict,), where, True) or {},
+        kv_buffer=s("kv_buffer", True) or "concat",
+        seqlens_name=s("seqlens_name", True),
+        total_length_name=s("total_length_name", True),
     )
     if not spec.files:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")
@@ -173,6 +187,12 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
             raise ManifestError(
                 f"{MANIFEST_FILENAME}: '{where}.{name}' must hold {spec.num_layers} [key, value] pairs"
             )
+    if spec.kv_buffer not in KV_BUFFERS:
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.kv_buffer' must be concat or shared, got {spec.kv_buffer}")
+    if spec.kv_buffer == "shared" and not (spec.seqlens_name and spec.total_length_name):
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}' has a shared KV buffer but no seqlens/total length inputs")
+    if spec.kv_buffer == "concat" and not spec.attention_mask_name:
+        raise ManifestError(f"{MANIFEST_FILENAME}: missing field '{where}.attention_mask_name'")
     if spec.kv_dtype not in ("float32", "float16"):
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.kv_dtype' must be float32 or float16, got {spec.kv_dtype}")
     return spec

@@ -67,11 +67,12 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, session: ModelSession, sampling: SamplingConfig, rng: np.random.Generator):
+    def __init__(self, session: ModelSession, sampling: SamplingConfig, rng: np.random.Generator,
+                 capacity: int | None = None):
         self.session = session
         self.sampling = sampling
         self.rng = rng
-        self.cache: KVCache = session.new_cache()
+        self.cache: KVCache = session.new_cache(capacity)  # capacity: positions to expect, if known
         # Single-token calls only: catch-up calls carry several tokens and would inflate c.
         self._step_seconds = 0.0
         self._steps = 0

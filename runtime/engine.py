@@ -13,7 +13,7 @@ from specdec.models.errors import GenerationError
 from specdec.models.manifest import Manifest, load_manifest
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdec.runtime.loop import Iteration, decode
+from specdec.runtime.loop import MAX_DRAFT_ROOM, Iteration, decode
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.session import ModelSession
 from specdec.runtime.stats import GenerationStats
@@ -160,14 +160,15 @@ class Engine:
             )
         return GenerationStream(lambda stream: self._pieces(ids, config, on_iteration, stream))
 
-    def _drafter(self, config: GenerationConfig, rng: np.random.Generator) -> Drafter | None:
+    def _drafter(self, config: GenerationConfig, rng: np.random.Generator, prompt_length: int) -> Drafter | None:
         kind = config.drafter
         if kind == "auto":  # what `specdec tune` chose, else the draft model if there is one
             kind = self.manifest.runtime_defaults.get("drafter") or ("model" if self.draft is not None else "ngram")
         if kind == "none":
             return None
         if kind == "model" and self.draft is not None:
-            return ModelDrafter(self.draft, config.sampling, rng)
+            return ModelDrafter(self.draft, config.sampling, rng,
+                                capacity=prompt_length + config.max_new_tokens + MAX_DRAFT_ROOM)
         return NgramDrafter(config.ngram_min, config.ngram_max)
 
     def _draft_length(self, config: GenerationConfig) -> tuple[FixedDraftLength | AdaptiveDraftLength, str]:
@@ -182,7 +183,7 @@ class Engine:
     def _pieces(self, ids: list[int], config: GenerationConfig,
                 on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:
         rng = np.random.default_rng(config.seed)
-        drafter = self._drafter(config, rng)
+        drafter = self._drafter(config, rng, len(ids))
         policy, k_label = self._draft_length(config)
         stats = GenerationStats(drafter=drafter.name if drafter else "none",
                                 num_draft_tokens=k_label if drafter else "0", prompt_tokens=len(ids))

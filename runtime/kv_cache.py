@@ -39,14 +39,17 @@ class KVSlicer:
 class KVCache:
     """Past keys/values of one model for one request.
 
-    `tensors` holds 2 * layers OrtValues (key, value per layer) of shape
-    [1, kv_heads, length, head_dim] on the session's device; `length` is how many
-    positions they hold. `token_ids` are the tokens those positions encode, so a drafter
-    can find how much of its cache is still valid after verification.
+    `tensors` holds 2 * layers OrtValues (key, value per layer) on the session's device.
+    With a slicer (a "concat" graph) they have shape [1, kv_heads, length, head_dim] and
+    each step replaces them. Without one (a "shared" graph) they are preallocated buffers
+    [1, kv_heads, capacity, head_dim] the graph writes in place, and only the first
+    `length` positions are valid: a rollback just shortens `length`, and whatever lies
+    beyond it is overwritten by the next step. `token_ids` are the tokens the valid
+    positions encode, so a drafter can find how much of its cache is still valid.
     """
 
     tensors: list[ort.OrtValue]
-    slicer: KVSlicer
+    slicer: KVSlicer | None  # None: shared buffers, rollback moves the length only
     token_ids: list[int] = field(default_factory=list)
     # Usage counters for this request's stats: time inside session.run, and in rollbacks.
     run_seconds: float = 0.0
@@ -58,8 +61,18 @@ class KVCache:
         """Return the number of cached positions."""
         return len(self.token_ids)
 
+    @property
+    def shared(self) -> bool:
+        """Return whether the tensors are preallocated buffers written in place."""
+        return self.slicer is None
+
+    @property
+    def capacity(self) -> int:
+        """Return how many positions the tensors can hold (their current length for concat caches)."""
+        return int(self.tensors[0].shape()[2])
+
     def append(self, new_tensors: list[ort.OrtValue], new_token_ids: list[int]) -> None:
-        """Replace the tensors with a step's present outputs, which include the new positions."""
+        """Take a step's present outputs (the same buffers, for a shared cache) and the new tokens."""
         self.tensors = new_tensors
         self.token_ids.extend(int(t) for t in new_token_ids)
 
@@ -70,6 +83,7 @@ class KVCache:
         if length == self.length:
             return
         start = time.perf_counter()
-        self.tensors = self.slicer.crop(self.tensors, length)
+        if self.slicer is not None:
+            self.tensors = self.slicer.crop(self.tensors, length)
         del self.token_ids[length:]
         self.rollback_seconds += time.perf_counter() - start

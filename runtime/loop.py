@@ -27,6 +27,9 @@ from specdec.runtime.session import ModelSession
 from specdec.runtime.stats import GenerationStats
 
 
+MAX_DRAFT_ROOM = 33  # K up to 32 (the CLI's cap), plus one
+
+
 @dataclass(frozen=True)
 class Iteration:
     """What one target call committed."""
@@ -60,7 +63,8 @@ def decode(
     if len(prompt_ids) > limit:
         raise GenerationError(f"prompt of {len(prompt_ids)} tokens is longer than the model's {limit} positions")
     start = time.perf_counter()
-    cache = target.new_cache()
+    # Room for the whole generation plus one verify call's drafts: a shared buffer never regrows.
+    cache = target.new_cache(capacity=len(prompt_ids) + max_new_tokens + MAX_DRAFT_ROOM)
     try:
         yield from _iterations(target, cache, prompt_ids, max_new_tokens, sampling, rng, eos_token_ids,
                                stats, drafter, draft_length, limit, start)

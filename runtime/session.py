@@ -14,12 +14,16 @@ from specdec.runtime.kv_cache import KVCache, KVSlicer
 from specdec.runtime.providers import create_session
 
 
+DEFAULT_CAPACITY = 256  # positions a shared-buffer cache starts with when the caller gives no hint
+
+
 class ModelSession:
     """A loaded graph, shared by all requests; each request brings its own KVCache.
 
     `forward` binds the new tokens from the host, the cache's past tensors as device
-    OrtValues, and the present outputs to the device, so the cache never leaves it; only
-    the logits come back to the host.
+    OrtValues, and the present outputs to the device (for a shared-buffer graph: to the
+    very same OrtValues, written in place), so the cache never leaves it; only the logits
+    come back to the host.
     """
 
     def __init__(self, artifact_dir: str | Path, spec: GraphSpec, provider: str = "auto",
@@ -27,9 +31,12 @@ class ModelSession:
         folder = Path(artifact_dir)
         self.spec = spec
         self.session, self.device = create_session(str(folder / spec.graph_file), provider, threads, spin)
-        # The slicer runs where the cache lives: same device as the model.
-        slice_session, _ = create_session(str(folder / spec.kv_slice_file), self.device, threads=1)
-        self.slicer = KVSlicer(slice_session, self.device, 2 * spec.num_layers)
+        self.shared_kv = spec.kv_buffer == "shared"
+        self.slicer: KVSlicer | None = None
+        if not self.shared_kv:  # a shared buffer rolls back by its length alone
+            # The slicer runs where the cache lives: same device as the model.
+            slice_session, _ = create_session(str(folder / spec.kv_slice_file), self.device, threads=1)
+            self.slicer = KVSlicer(slice_session, self.device, 2 * spec.num_layers)
         self.vocab_limit = min(spec.vocab_size, vocab_limit or spec.vocab_size)
         self._past_names = [name for pair in spec.past_names for name in pair]
         self._present_names = [name for pair in spec.present_names for name in pair]
@@ -40,11 +47,35 @@ class ModelSession:
         """Return the execution provider the session really uses."""
         return self.session.get_providers()[0]
 
-    def new_cache(self) -> KVCache:
-        """Return an empty cache (length 0) on this session's device."""
-        empty = np.zeros((1, self.spec.num_kv_heads, 0, self.spec.head_dim), dtype=self._kv_dtype)
-        tensors = [ort.OrtValue.ortvalue_from_numpy(empty, self.device, 0) for _ in self._past_names]
-        return KVCache(tensors=tensors, slicer=self.slicer)
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """Return an empty cache (length 0) on this session's device.
+
+        `capacity` sizes a shared-buffer cache (positions; it grows when exceeded, with a
+        copy); a concat cache starts empty whatever it is.
+        """
+        size = 0
+        if self.shared_kv:
+            size = max(1, min(capacity or DEFAULT_CAPACITY, self.spec.max_positions))
+        return KVCache(tensors=self._buffers(size), slicer=self.slicer)
+
+    def _buffers(self, positions: int) -> list[ort.OrtValue]:
+        shape = (1, self.spec.num_kv_heads, positions, self.spec.head_dim)
+        return [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=self._kv_dtype), self.device, 0)
+                for _ in self._past_names]
+
+    def _ensure_capacity(self, cache: KVCache, positions: int) -> None:
+        """Grow a shared cache's buffers to hold `positions`, doubling, keeping the valid prefix."""
+        if positions <= cache.capacity:
+            return
+        size = min(max(positions, 2 * cache.capacity), self.spec.max_positions)
+        length = cache.length
+        grown = []
+        # Rare (log2 of the sequence length times per request): through host memory is fine.
+        for old in cache.tensors:
+            data = np.zeros((1, self.spec.num_kv_heads, size, self.spec.head_dim), dtype=self._kv_dtype)
+            data[:, :, :length] = old.numpy()[:, :, :length]
+            grown.append(ort.OrtValue.ortvalue_from_numpy(data, self.device, 0))
+        cache.tensors = grown
 
     def forward(self, cache: KVCache, token_ids: list[int]) -> np.ndarray:
         """Run the graph on `token_ids` after the cache; return logits [len(token_ids), vocab] on the host.
@@ -63,20 +94,29 @@ class ModelSession:
         spec = self.spec
         binding = self.session.io_binding()
         binding.bind_cpu_input(spec.input_ids_name, np.asarray([token_ids], dtype=np.int64))
-        binding.bind_cpu_input(spec.attention_mask_name, np.ones((1, past + n_new), dtype=np.int64))
+        if spec.attention_mask_name:
+            binding.bind_cpu_input(spec.attention_mask_name, np.ones((1, past + n_new), dtype=np.int64))
         if spec.position_ids_name:
             positions = np.arange(past, past + n_new, dtype=np.int64)[None, :]
             binding.bind_cpu_input(spec.position_ids_name, positions)
+        if self.shared_kv:
+            self._ensure_capacity(cache, past + n_new)
+            # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
+            binding.bind_cpu_input(spec.seqlens_name, np.array([past + n_new - 1], dtype=np.int32))
+            binding.bind_cpu_input(spec.total_length_name, np.array(past + n_new, dtype=np.int32))
         for name, value in zip(self._past_names, cache.tensors):
             binding.bind_ortvalue_input(name, value)
         binding.bind_output(spec.logits_name, self.device)
-        for name in self._present_names:
-            binding.bind_output(name, self.device)
+        for name, value in zip(self._present_names, cache.tensors):
+            if self.shared_kv:
+                binding.bind_ortvalue_output(name, value)  # in place: present is past
+            else:
+                binding.bind_output(name, self.device)
         start = time.perf_counter()
         self.session.run_with_iobinding(binding)
         cache.run_seconds += time.perf_counter() - start
         cache.run_calls += 1
         outputs = binding.get_outputs()
         logits = outputs[0].numpy()[0, :, : self.vocab_limit]
-        cache.append(outputs[1:], token_ids)
+        cache.append(cache.tensors if self.shared_kv else outputs[1:], token_ids)
         return logits

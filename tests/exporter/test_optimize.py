@@ -22,7 +22,13 @@ def plain_llama(tiny_sources, tmp_path_factory):
 def test_manifest_records_the_optimization(tiny_artifacts, plain_llama):
     optimized = load_manifest(tiny_artifacts["llama"]).target.optimization
     assert optimized["applied"] and optimized["fused_operators"]["SkipSimplifiedLayerNormalization"] > 0
-    assert optimized["fused_operators"]["GroupedQueryMatMul"] == 4  # 2 layers x (Q K^T, P V); 4 heads on 2
+    # attention over one shared KV buffer: a GroupQueryAttention per layer, and no attention mask input
+    assert optimized["fused_operators"]["GroupQueryAttention"] == 2
+    target = load_manifest(tiny_artifacts["llama"]).target
+    assert (target.kv_buffer, target.attention_mask_name) == ("shared", None)
+    assert target.seqlens_name and target.total_length_name
+    assert load_manifest(tiny_artifacts["gpt2"]).target.kv_buffer == "concat"
+    assert load_manifest(plain_llama).target.kv_buffer == "concat"
     assert optimized["sha256_before"] != optimized["sha256_after"]
     assert load_manifest(tiny_artifacts["llama"]).target.sha256["target/model.onnx"] == optimized["sha256_after"]
     gpt2 = load_manifest(tiny_artifacts["gpt2"]).target.optimization

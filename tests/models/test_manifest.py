@@ -130,3 +130,20 @@ def test_v1_manifest_still_loads_and_runs(artifact_copy):
     assert len(result.token_ids) == 4
     shown = CliRunner().invoke(main, ["inspect", str(artifact_copy)])
     assert "exported before the optimization stage" in shown.output
+
+
+def test_kv_buffer_field(artifact_copy):
+    def to_v2(data):
+        data["version"] = 2
+        for role in ("target", "draft"):
+            for key in ("kv_buffer", "seqlens_name", "total_length_name"):
+                data[role].pop(key, None)
+
+    _edit(artifact_copy, to_v2)
+    assert load_manifest(artifact_copy).target.kv_buffer == "concat"  # v2 graphs concatenate
+    _edit(artifact_copy, lambda d: d["target"].__setitem__("kv_buffer", "shared"))
+    with pytest.raises(ManifestError, match="shared KV buffer but no seqlens"):
+        load_manifest(artifact_copy)
+    _edit(artifact_copy, lambda d: d["target"].__setitem__("kv_buffer", "paged"))
+    with pytest.raises(ManifestError, match="kv_buffer' must be concat or shared"):
+        load_manifest(artifact_copy)

@@ -31,7 +31,8 @@ def test_step_after_rollback_equals_fresh_forward(tiny_artifacts, family, keep, 
 
 
 def test_rollback_shapes_and_bounds(tiny_artifacts):
-    session = _session(tiny_artifacts["llama"])
+    session = _session(tiny_artifacts["gpt2"])  # a concat cache: the tensors are the positions
+    assert session.spec.kv_buffer == "concat"
     cache = session.new_cache()
     session.forward(cache, [1, 2, 3, 4, 5])
     assert cache.tensors[0].shape() == [1, session.spec.num_kv_heads, 5, session.spec.head_dim]
@@ -42,6 +43,31 @@ def test_rollback_shapes_and_bounds(tiny_artifacts):
         cache.rollback(3)
     with pytest.raises(ValueError):
         cache.rollback(-1)
+
+
+def test_shared_buffer_rolls_back_without_copying(tiny_artifacts):
+    session = _session(tiny_artifacts["llama"])
+    assert session.spec.kv_buffer == "shared" and session.slicer is None
+    cache = session.new_cache(capacity=16)
+    session.forward(cache, [1, 2, 3, 4, 5])
+    buffers = list(cache.tensors)
+    assert cache.length == 5 and buffers[0].shape() == [1, session.spec.num_kv_heads, 16, session.spec.head_dim]
+    cache.rollback(2)
+    assert cache.length == 2 and all(a is b for a, b in zip(cache.tensors, buffers))  # same memory, shorter
+    with pytest.raises(ValueError):
+        cache.rollback(3)
+
+
+def test_shared_buffer_grows_past_its_capacity(tiny_artifacts):
+    session = _session(tiny_artifacts["llama"])
+    tokens = list(range(3, 40))
+    fresh = session.forward(session.new_cache(capacity=64), tokens)
+    cache = session.new_cache(capacity=4)
+    stepped = [session.forward(cache, tokens[:3])]
+    for start in range(3, len(tokens), 5):  # crosses 4, 8, 16 and 32 positions
+        stepped.append(session.forward(cache, tokens[start:start + 5]))
+    assert cache.capacity >= len(tokens) and cache.length == len(tokens)
+    np.testing.assert_allclose(np.concatenate(stepped), fresh, atol=1e-4)
 
 
 def test_caches_of_two_requests_are_independent(tiny_artifacts):
