@@ -104,7 +104,10 @@ def inspect(artifact, as_json, no_verify) -> None:
             f"         {graph.num_layers} layers, {graph.num_kv_heads} KV heads x {graph.head_dim}, "
             f"KV {graph.kv_dtype}, weights {graph.weights_dtype}, vocab {graph.vocab_size}, "
             f"max positions {graph.max_positions}\n"
-            f"         graph {graph.graph_file}; position ids: {graph.position_ids_name or 'none'}"
+            f"         graph {graph.graph_file}; position ids: {graph.position_ids_name or 'none'}\n"
+            f"         KV cache: " + ("one shared preallocated buffer per tensor, written in place (rollback: a "
+                                    "shorter length)" if graph.kv_buffer == "shared" else
+                                    f"past + new per step (rollback: {graph.kv_slice_file})")
         )
         applied = graph.optimization.get("applied")
         if applied:

@@ -36,6 +36,7 @@ def test_manifest_records_the_optimization(tiny_artifacts, plain_llama):
     assert load_manifest(plain_llama).target.optimization["note"] == "--no-optimize"
     shown = CliRunner().invoke(main, ["inspect", str(tiny_artifacts["llama"])])
     assert "optimized: onnxruntime transformers optimizer" in shown.output
+    assert "KV cache: one shared preallocated buffer" in shown.output
 
 
 @pytest.mark.parametrize("drafter, k", [("none", None), ("model", 3), ("ngram", 4)])
