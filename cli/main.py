@@ -55,10 +55,15 @@ def main() -> None:
                    "0.75 int8, 0.6 int4).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) of hub sources.")
 @click.option("--optimize/--no-optimize", default=True, show_default=True,
-              help="Apply onnxruntime's transformer fusions where they were measured to help the family.")
+              help="Run the optimization stage: onnxruntime's transformer fusions and the attention rewrites, "
+                   "where they were measured to help the family.")
+@click.option("--shared-kv/--no-shared-kv", default=True, show_default=True,
+              help="Llama family: rewrite attention over one preallocated KV buffer per tensor "
+                   "(GroupQueryAttention; rollback is free). onnxruntime's CUDA GroupQueryAttention takes "
+                   "fp16/bf16 only: for an fp32 artifact meant for a CUDA box, use --no-shared-kv.")
 @one_line_errors
 def export(target, draft, output, dtype, weights, device, opset, trust_remote_code, force, atol, min_agreement,
-           revision, optimize) -> None:
+           revision, optimize, shared_kv) -> None:
     """Export a draft and a target model into one validated artifact folder."""
     from specdec.exporter.pipeline import ExportConfig, run_export
 
@@ -77,6 +82,7 @@ def export(target, draft, output, dtype, weights, device, opset, trust_remote_co
         min_agreement=min_agreement,
         revision=revision,
         optimize=optimize,
+        shared_kv=shared_kv,
         command=" ".join(["specdec"] + sys.argv[1:]),
     )
     run_export(config, progress)

@@ -45,12 +45,14 @@ class OptimizationReport:
         return asdict(self)
 
 
-def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, Any]) -> OptimizationReport:
+def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, Any],
+                   shared_kv: bool = True) -> OptimizationReport:
     """Rewrite `graph_path` in place (fusions for its family, attention); return what was done.
 
     The graph keeps its inputs and outputs, except under a shared KV buffer
     (report.kv_buffer == "shared"): attention_mask goes, seqlens_k and
     total_sequence_length come, and past/present become one buffer per tensor.
+    shared_kv=False keeps the concat cache even where the family allows the shared buffer.
     """
     before = sha256_of_file(graph_path)
     if any(t.data_location == onnx.TensorProto.EXTERNAL
@@ -68,7 +70,7 @@ def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, A
         model = onnx.load(str(graph_path))
     kv_buffer = "concat"
     layers = arch.num_layers(config)
-    shared = arch.shared_kv_buffer and fuse_shared_kv_attention(
+    shared = shared_kv and arch.shared_kv_buffer and fuse_shared_kv_attention(
         model, layers, heads, kv_heads,
         [[PAST_KEY.format(layer=i), PAST_VALUE.format(layer=i)] for i in range(layers)],
         [[PRESENT_KEY.format(layer=i), PRESENT_VALUE.format(layer=i)] for i in range(layers)])

@@ -50,6 +50,7 @@ class ExportConfig:
     atol: float | None = None  # max logit difference in validation; None: per-weights default
     min_agreement: float | None = None  # greedy agreement validation needs; None: per-weights default
     optimize: bool = True  # run the optimization stage (onnxruntime fusions) where the family has one
+    shared_kv: bool = True  # in that stage, one preallocated KV buffer per tensor where the family allows it
     revision: str | None = None
     command: str | None = None  # the command line, recorded in provenance
     library_versions: dict[str, str] = field(default_factory=dict)
@@ -112,7 +113,7 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
     shutil.rmtree(graph_path.parent)
     if config.optimize:
         progress(f"{role}: optimizing the graph")
-        optimization = optimize_graph(folder / layout.files[0], arch, loaded.config).as_dict()
+        optimization = optimize_graph(folder / layout.files[0], arch, loaded.config, config.shared_kv).as_dict()
     else:
         optimization = {"applied": [], "note": "--no-optimize"}
     kv_buffer = optimization.pop("kv_buffer", "concat")

@@ -14,6 +14,19 @@ from specdec.runtime.kv_cache import KVCache, KVSlicer
 from specdec.runtime.providers import create_session
 
 
+def check_kv_buffer_device(spec: GraphSpec, device: str) -> None:
+    """Raise GenerationError when the graph's KV cache cannot work in place on `device`.
+
+    onnxruntime's CUDA GroupQueryAttention takes fp16/bf16 only: an fp32 shared-buffer
+    graph would run its attention on the CPU, copying the cache across every step.
+    """
+    if spec.kv_buffer == "shared" and device == "cuda" and spec.kv_dtype == "float32":
+        raise GenerationError(
+            f"the {spec.role} graph keeps an fp32 KV cache in one shared buffer, which onnxruntime's CUDA "
+            "GroupQueryAttention cannot run (fp16/bf16 only): use --provider cpu, or re-export with "
+            "--dtype fp16 --device cuda, or with --no-shared-kv")
+
+
 DEFAULT_CAPACITY = 256  # positions a shared-buffer cache starts with when the caller gives no hint
 
 
@@ -31,6 +44,7 @@ class ModelSession:
         folder = Path(artifact_dir)
         self.spec = spec
         self.session, self.device = create_session(str(folder / spec.graph_file), provider, threads, spin)
+        check_kv_buffer_device(spec, self.device)
         self.shared_kv = spec.kv_buffer == "shared"
         self.slicer: KVSlicer | None = None
         if not self.shared_kv:  # a shared buffer rolls back by its length alone

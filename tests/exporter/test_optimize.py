@@ -47,3 +47,17 @@ def test_optimized_greedy_equals_plain(tiny_artifacts, plain_llama, drafter, k):
         a, b = plain.generate(prompt, config), optimized.generate(prompt, config)
         if not near_tie_mismatches(plain, a.prompt_ids, a.token_ids, b.token_ids):
             assert a.token_ids == b.token_ids
+
+
+def test_no_shared_kv_keeps_a_concat_cache_with_regrouped_attention(tiny_sources, tiny_artifacts, tmp_path):
+    target, draft = tiny_sources["llama"]
+    out = tmp_path / "art"
+    manifest = run_export(ExportConfig(target=str(target), draft=str(draft), output=out, shared_kv=False),
+                          progress=lambda m: None)
+    assert manifest.target.kv_buffer == "concat" and manifest.target.attention_mask_name
+    assert manifest.target.optimization["fused_operators"]["GroupedQueryMatMul"] == 4
+    concat, shared = Engine.load(out, provider="cpu"), Engine.load(tiny_artifacts["llama"], provider="cpu")
+    config = GenerationConfig(max_new_tokens=24, drafter="ngram", num_draft_tokens=3)
+    a, b = concat.generate("one, two, three, one, two,", config), shared.generate("one, two, three, one, two,", config)
+    if not near_tie_mismatches(concat, a.prompt_ids, a.token_ids, b.token_ids):
+        assert a.token_ids == b.token_ids

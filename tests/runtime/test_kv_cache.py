@@ -79,3 +79,17 @@ def test_caches_of_two_requests_are_independent(tiny_artifacts):
     np.testing.assert_allclose(session.forward(a, [8]), session.forward(session.new_cache(), [5, 6, 7, 8])[-1:],
                                atol=1e-4)
     assert la.shape == (3, session.vocab_limit)
+
+
+def test_fp32_shared_buffer_is_refused_on_cuda(tiny_artifacts):
+    from dataclasses import replace
+
+    from specdec.models.errors import GenerationError
+    from specdec.runtime.session import check_kv_buffer_device
+
+    shared = load_manifest(tiny_artifacts["llama"]).target
+    check_kv_buffer_device(shared, "cpu")
+    check_kv_buffer_device(replace(shared, kv_dtype="float16"), "cuda")
+    check_kv_buffer_device(load_manifest(tiny_artifacts["gpt2"]).target, "cuda")  # concat: fine
+    with pytest.raises(GenerationError, match="fp16/bf16 only.*--no-shared-kv"):
+        check_kv_buffer_device(shared, "cuda")
