@@ -30,7 +30,6 @@ class _RepeatKV:
 
     source: str  # the KV tensor [b, Hkv, L, d] before the copy
     output: str  # the repeated tensor [b, H, L, d]
-    nodes: tuple[onnx.NodeProto, ...]  # Unsqueeze, Expand, Reshape
 
 
 def regroup_attention(model: onnx.ModelProto, num_heads: int, num_kv_heads: int) -> int:
@@ -42,17 +41,13 @@ def regroup_attention(model: onnx.ModelProto, num_heads: int, num_kv_heads: int)
     if num_kv_heads <= 0 or num_heads <= num_kv_heads or num_heads % num_kv_heads:
         return 0
     graph = model.graph
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    producers, consumers = producers_and_consumers(graph)
     constants = constant_values(graph)
 
     repeats = [r for node in graph.node if node.op_type == "Reshape"
                if (r := _match_repeat_kv(node, producers, constants)) is not None]
-    grouped_shape = _add_constant(graph, "specdec_gqa_grouped_shape", [0, num_kv_heads, -1, 0])
-    heads_shape = _add_constant(graph, "specdec_gqa_heads_shape", [0, num_heads, -1, 0])
+    grouped_shape = add_int64_constant(graph, "specdec_gqa_grouped_shape", [0, num_kv_heads, -1, 0])
+    heads_shape = add_int64_constant(graph, "specdec_gqa_heads_shape", [0, num_heads, -1, 0])
 
     rewritten = 0
     new_nodes: dict[int, list[onnx.NodeProto]] = {}  # insert before the node with this id
@@ -108,7 +103,7 @@ def _match_repeat_kv(reshape: onnx.NodeProto, producers: dict[str, onnx.NodeProt
     axes = _unsqueeze_axes(unsqueeze, constants)
     if axes != [2]:
         return None
-    return _RepeatKV(source=unsqueeze.input[0], output=reshape.output[0], nodes=(unsqueeze, expand, reshape))
+    return _RepeatKV(source=unsqueeze.input[0], output=reshape.output[0])
 
 
 def _follow_to_matmul(node: onnx.NodeProto, tensor: str, consumers: dict[str, list[onnx.NodeProto]],
@@ -116,9 +111,7 @@ def _follow_to_matmul(node: onnx.NodeProto, tensor: str, consumers: dict[str, li
                                                                   onnx.NodeProto | None]:
     """Return (per-head ops between the repeat and a MatMul, that MatMul) or ([], None).
 
-    Each op comes with the name of its input that carries the repeated tensor.
-
-    Only ops that commute with repeating heads are followed: a Transpose swapping the last
+    Each op comes with the name of its input that carries the repeated tensor. Only ops that commute with repeating heads are followed: a Transpose swapping the last
     two axes and a Mul by a scalar constant. The repeated tensor must be the MatMul's
     right-hand side, as in Q @ K^T and P @ V.
     """
@@ -157,6 +150,17 @@ def _unsqueeze_axes(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> l
     return None
 
 
+def producers_and_consumers(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto],
+                                                             dict[str, list[onnx.NodeProto]]]:
+    """Return (tensor name -> the node producing it, tensor name -> the nodes reading it)."""
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return producers, consumers
+
+
 def constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     """Return the values of small initializers and Constant nodes, by tensor name."""
     values = {init.name: numpy_helper.to_array(init) for init in graph.initializer
@@ -173,7 +177,8 @@ def _small(init: onnx.TensorProto) -> bool:
     return int(np.prod(init.dims)) <= 16 if init.dims else True
 
 
-def _add_constant(graph: onnx.GraphProto, name: str, values: list[int]) -> str:
+def add_int64_constant(graph: onnx.GraphProto, name: str, values: list[int]) -> str:
+    """Add an int64 initializer (a shape for Reshape, typically); return its name."""
     graph.initializer.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
     return name
 

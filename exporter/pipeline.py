@@ -11,6 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
+import onnx
+
 from specdec.models.errors import ExportError
 from specdec.models.manifest import (
     GraphSpec,
@@ -118,6 +120,8 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         optimization = {"applied": [], "note": "--no-optimize"}
     kv_buffer = optimization.pop("kv_buffer", "concat")
     shared = kv_buffer == "shared"
+    # A rewrite may drop inputs (the shared buffer drops the mask): bind only what the graph still has.
+    inputs = {i.name for i in onnx.load(str(folder / layout.files[0]), load_external_data=False).graph.input}
     if config.weights:
         progress(f"{role}: quantizing MatMul weights to {config.weights}")
         optimization["quantization"] = quantize_graph(folder / layout.files[0], config.weights)
@@ -137,7 +141,7 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         head_dim=head_dim,
         kv_dtype=layout.kv_dtype,
         input_ids_name=layout.input_ids_name,
-        attention_mask_name=None if shared else layout.attention_mask_name,
+        attention_mask_name=layout.attention_mask_name if layout.attention_mask_name in inputs else None,
         position_ids_name=layout.position_ids_name,
         past_names=layout.past_names,
         present_names=layout.present_names,

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from specdec.exporter.grouped_attention import constant_values, remove_dead_nodes
+from specdec.exporter.grouped_attention import (add_int64_constant, constant_values, producers_and_consumers,
+                                                remove_dead_nodes)
 
 SEQLENS_NAME = "seqlens_k"
 TOTAL_LENGTH_NAME = "total_sequence_length"
@@ -33,14 +34,10 @@ def fuse_shared_kv_attention(model: onnx.ModelProto, num_layers: int, num_heads:
     """Rewrite every layer's attention into GroupQueryAttention (in place); return the layers rewritten.
 
     Returns 0 and leaves the model untouched unless all `num_layers` layers match the
-    expected pattern (Concat-built present, repeat_kv or regrouped scores, softmax, weighted sum).
+    expected pattern (Concat-built present, repeat_kv, scores, softmax, weighted sum).
     """
     graph = model.graph
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    producers, consumers = producers_and_consumers(graph)
     constants = constant_values(graph)
     layers = []
     for (past_key, past_value), (present_key, present_value) in zip(past_names, present_names):
@@ -51,7 +48,7 @@ def fuse_shared_kv_attention(model: onnx.ModelProto, num_layers: int, num_heads:
     if len(layers) != num_layers or not layers:
         return 0
 
-    shape_bsd = _initializer(graph, "specdec_kv_packed_shape", [0, 0, -1])
+    shape_bsd = add_int64_constant(graph, "specdec_kv_packed_shape", [0, 0, -1])
     new_nodes: dict[int, list[onnx.NodeProto]] = {}
     removed: set[int] = set()
     for index, layer in enumerate(layers):
@@ -178,8 +175,3 @@ def _reaches(start: str, target: str, consumers: dict[str, list[onnx.NodeProto]]
             if node.op_type in allowed:
                 frontier.extend(node.output)
     return False
-
-
-def _initializer(graph: onnx.GraphProto, name: str, values: list[int]) -> str:
-    graph.initializer.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
-    return name
