@@ -62,11 +62,6 @@ class KVCache:
         return len(self.token_ids)
 
     @property
-    def shared(self) -> bool:
-        """Return whether the tensors are preallocated buffers written in place."""
-        return self.slicer is None
-
-    @property
     def capacity(self) -> int:
         """Return how many positions the tensors can hold (their current length for concat caches)."""
         return int(self.tensors[0].shape()[2])
