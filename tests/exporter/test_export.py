@@ -181,3 +181,29 @@ def test_other_llama_like_families_export_and_run(model_type, tmp_path):
     plain = engine.generate("Hello world", GenerationConfig(max_new_tokens=16, drafter="none"))
     spec = engine.generate("Hello world", GenerationConfig(max_new_tokens=16, num_draft_tokens=3))
     assert spec.token_ids == plain.token_ids and spec.stats.acceptance_rate > 0.9
+
+
+def test_llama_without_grouped_queries_gets_the_shared_buffer_too(tmp_path):
+    """Multi-head llama (KV heads == query heads): no repeat_kv in the graph, same rewrite, same output."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from specdec.exporter.tiny_models import build_tokenizer
+    from specdec.runtime.engine import Engine, GenerationConfig
+
+    tokenizer = build_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                         initializer_range=0.2)
+    torch.manual_seed(0)
+    folder = tmp_path / "mha"
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "art"
+    manifest = run_export(ExportConfig(target=str(folder), draft=str(folder), output=out), progress=lambda m: None)
+    assert manifest.target.kv_buffer == "shared" and manifest.validation["target"]["passed"]
+    assert manifest.target.optimization["fused_operators"]["GroupQueryAttention"] == 2
+    engine = Engine.load(out, provider="cpu")
+    plain = engine.generate("Hello world", GenerationConfig(max_new_tokens=16, drafter="none"))
+    spec = engine.generate("Hello world", GenerationConfig(max_new_tokens=16, num_draft_tokens=3))
+    assert spec.token_ids == plain.token_ids and spec.stats.acceptance_rate > 0.9
