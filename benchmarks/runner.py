@@ -10,6 +10,7 @@ from specdec.bench.replay import CostModel, replay_ngram
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
+from specdec.runtime.theory import verify_cost_from_calls
 
 BASELINE = "target-only"
 
@@ -151,7 +152,7 @@ def replay_rows(runs: Sequence[Run], prompt_ids: dict[str, list[int]], rows: Seq
     return out
 
 
-def verify_cost_from_calls(runs: Sequence[Run], min_samples: int = 5) -> tuple[float, float]:
+def verify_cost_of_runs(runs: Sequence[Run], min_samples: int = 5) -> tuple[float, float]:
     """Return (v, 1-token call seconds) from the target calls of `runs` themselves.
 
     v is the extra cost of each verified token beyond the first, in 1-token calls: the
@@ -166,11 +167,6 @@ def verify_cost_from_calls(runs: Sequence[Run], min_samples: int = 5) -> tuple[f
             pooled.setdefault(n, []).extend(seconds)
     if len(pooled.get(1, [])) < min_samples:
         return 0.0, 0.0
-    one = statistics.median(pooled[1])
-    num = den = 0.0
-    for n, seconds in pooled.items():
-        if n > 1 and len(seconds) >= min_samples:
-            x, weight = n - 1, len(seconds)
-            num += weight * x * (statistics.median(seconds) / one - 1.0)
-            den += weight * x * x
-    return (max(num / den, 0.0) if den else 0.0), one
+    kept = {n: seconds for n, seconds in pooled.items() if len(seconds) >= min_samples}
+    medians = {n: statistics.median(seconds) for n, seconds in kept.items()}
+    return verify_cost_from_calls(medians, {n: len(seconds) for n, seconds in kept.items()}), medians[1]

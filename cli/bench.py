@@ -80,7 +80,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     from specdec.bench.report import anchor_rows, markdown_report
     from specdec.bench.replay import CostModel
     from specdec.bench.runner import (BASELINE, configurations, group_summary, replay_rows, rollback_cost, run_bench,
-                                      summarize, verify_cost_from_calls)
+                                      summarize, verify_cost_of_runs)
     from specdec.models.manifest import sha256_of_file
     from specdec.runtime.engine import DEFAULT_DRAFT_TOKENS, Engine
     from specdec.runtime.prompts import load_prompts
@@ -103,7 +103,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     # How verification cost grows with the tokens per call, from the fixed-K n-gram runs' own
     # target calls (1-token calls where nothing matched, K+1 where it did), not a separate probe.
     fixed_runs = [r for r in runs if r.config.name == ngram_fixed]
-    verify_cost, one_token_seconds = verify_cost_from_calls(fixed_runs)
+    verify_cost, one_token_seconds = verify_cost_of_runs(fixed_runs)
     rows = summarize(runs, verify_cost)
     groups = group_summary(rows)
     cost = CostModel(verify_cost, rollback_cost(fixed_runs, one_token_seconds))

@@ -52,12 +52,24 @@ def best_draft_length(alpha: float, cost_ratio: float, max_k: int,
 def verify_cost_per_token(step_seconds: list[float]) -> float:
     """Return v, the extra cost of each verified token beyond the first, in 1-token calls.
 
-    step_seconds[n - 1] is the time of one target call over n tokens; v is the least-squares
-    slope of t(n) / t(1) - 1 against n - 1 (a line through the 1-token point), floored at 0.
+    step_seconds[n - 1] is the time of one target call over n tokens; see verify_cost_from_calls.
     """
-    if len(step_seconds) < 2 or step_seconds[0] <= 0:
+    return verify_cost_from_calls({n: t for n, t in enumerate(step_seconds, start=1)})
+
+
+def verify_cost_from_calls(seconds_by_tokens: dict[int, float], weights: dict[int, float] | None = None) -> float:
+    """Return v from call times by tokens per call (n -> seconds; n = 1 must be there).
+
+    v is the least-squares slope of t(n) / t(1) - 1 against n - 1 (a line through the
+    1-token point), each length weighted by `weights` (default 1), floored at 0; 0 when
+    there is no 1-token time or no other length.
+    """
+    base = seconds_by_tokens.get(1, 0.0)
+    if base <= 0:
         return 0.0
-    base = step_seconds[0]
-    num = sum(x * (t / base - 1.0) for x, t in enumerate(step_seconds))
-    den = sum(x * x for x in range(len(step_seconds)))
-    return max(num / den, 0.0)
+    num = den = 0.0
+    for n, seconds in seconds_by_tokens.items():
+        weight = (weights or {}).get(n, 1.0)
+        num += weight * (n - 1) * (seconds / base - 1.0)
+        den += weight * (n - 1) ** 2
+    return max(num / den, 0.0) if den else 0.0

@@ -1,6 +1,6 @@
 """The bench's in-run cost measurements."""
 
-from specdec.bench.runner import BenchConfig, Run, rollback_cost, verify_cost_from_calls
+from specdec.bench.runner import BenchConfig, Run, rollback_cost, verify_cost_of_runs
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
 
@@ -15,9 +15,9 @@ def test_verify_cost_from_the_runs_own_calls():
     # t(n) = 10 ms * (1 + 0.1 (n - 1)); lengths with too few calls are left out
     runs = [_run(call_seconds={1: [0.010] * 6, 5: [0.014] * 4, 3: [0.0120]}),
             _run(call_seconds={1: [0.010] * 4, 5: [0.014] * 6, 2: [0.5]})]
-    v, one = verify_cost_from_calls(runs)
+    v, one = verify_cost_of_runs(runs)
     assert abs(v - 0.1) < 1e-9 and abs(one - 0.010) < 1e-12
-    assert verify_cost_from_calls([_run(call_seconds={5: [0.014] * 9})]) == (0.0, 0.0)
+    assert verify_cost_of_runs([_run(call_seconds={5: [0.014] * 9})]) == (0.0, 0.0)
 
 
 def test_rollback_cost_per_rejection_in_steps():
