@@ -152,21 +152,33 @@ def replay_rows(runs: Sequence[Run], prompt_ids: dict[str, list[int]], rows: Seq
     return out
 
 
-def verify_cost_of_runs(runs: Sequence[Run], min_samples: int = 5) -> tuple[float, float]:
+def verify_cost_of_runs(runs: Sequence[Run], baseline_runs: Sequence[Run],
+                        min_samples: int = 5) -> tuple[float, float]:
     """Return (v, 1-token call seconds) from the target calls of `runs` themselves.
 
-    v is the extra cost of each verified token beyond the first, in 1-token calls: the
-    least-squares slope of median t(n) / median t(1) - 1 against n - 1, through the
-    1-token point, each length weighted by its number of calls. Calls of every length come
-    from the same generations, so they share context lengths and machine state; lengths
-    with fewer than `min_samples` calls are left out. (0, 0) when there are no 1-token calls.
+    Each call of a speculative run is divided by the target-only call at the same past
+    length in the same prompt and repeat (`baseline_runs`; greedy outputs are identical, so
+    every past length a speculative call sees was also a target-only step). Pairing matters:
+    a call's time grows with the past too, and pooled across prompts the long grounded
+    prompts would give most of the K+1-token calls and the short open ones most of the
+    1-token calls, inflating v. v is then the
+    least-squares slope of r(n) / r(1) - 1 against n - 1, r(n) the median ratio of n-token
+    calls, each length weighted by its number of calls; lengths with fewer than
+    `min_samples` calls are left out. The seconds are the median target-only call.
+    (0, 0) when fewer than `min_samples` 1-token calls could be paired.
     """
-    pooled: dict[int, list[float]] = {}
+    steps: dict[tuple[str, int], dict[int, float]] = {}
+    for run in baseline_runs:
+        steps[(run.prompt.id, run.repeat)] = {past: seconds for past, n, seconds in run.stats.call_log if n == 1}
+    ratios: dict[int, list[float]] = {}
     for run in runs:
-        for n, seconds in run.stats.call_seconds.items():
-            pooled.setdefault(n, []).extend(seconds)
-    if len(pooled.get(1, [])) < min_samples:
+        baseline = steps.get((run.prompt.id, run.repeat), {})
+        for past, n, seconds in run.stats.call_log:
+            if baseline.get(past):
+                ratios.setdefault(n, []).append(seconds / baseline[past])
+    if len(ratios.get(1, [])) < min_samples:
         return 0.0, 0.0
-    kept = {n: seconds for n, seconds in pooled.items() if len(seconds) >= min_samples}
-    medians = {n: statistics.median(seconds) for n, seconds in kept.items()}
-    return verify_cost_from_calls(medians, {n: len(seconds) for n, seconds in kept.items()}), medians[1]
+    kept = {n: values for n, values in ratios.items() if len(values) >= min_samples}
+    medians = {n: statistics.median(values) for n, values in kept.items()}
+    one_token = statistics.median(seconds for table in steps.values() for seconds in table.values())
+    return verify_cost_from_calls(medians, {n: len(values) for n, values in kept.items()}), one_token

@@ -101,9 +101,10 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
             anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress)
     ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
     # How verification cost grows with the tokens per call, from the fixed-K n-gram runs' own
-    # target calls (1-token calls where nothing matched, K+1 where it did), not a separate probe.
+    # target calls (1-token calls where nothing matched, K+1 where it did), each against the
+    # target-only step at the same past length: no separate probe.
     fixed_runs = [r for r in runs if r.config.name == ngram_fixed]
-    verify_cost, one_token_seconds = verify_cost_of_runs(fixed_runs)
+    verify_cost, one_token_seconds = verify_cost_of_runs(fixed_runs, [r for r in runs if r.config.name == BASELINE])
     rows = summarize(runs, verify_cost)
     groups = group_summary(rows)
     cost = CostModel(verify_cost, rollback_cost(fixed_runs, one_token_seconds))

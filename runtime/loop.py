@@ -111,7 +111,7 @@ def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max
         logits = target.forward(cache, [context[-1]] + drafts)  # [len(drafts) + 1, vocab]
         target_call = time.perf_counter() - t0
         stats.target_seconds += target_call
-        stats.call_seconds.setdefault(len(drafts) + 1, []).append(target_call)
+        stats.call_log.append((len(context) - 1, len(drafts) + 1, target_call))
 
         # 3. accept
         verdict = _verify(drafts, proposal, logits, sampling, rng)

@@ -31,8 +31,10 @@ class GenerationStats:
     acceptance_tests: int = 0
     bonus_tokens: int = 0
     draft_lengths: dict[int, int] = field(default_factory=dict)  # K actually drafted -> iterations
-    # decode-phase target call times by tokens per call: how verification cost grows, measured in place
-    call_seconds: dict[int, list[float]] = field(default_factory=dict)
+    # every decode-phase target call as (past positions, tokens, seconds): how verification
+    # cost grows with the tokens per call, measured in place; the past length is kept because
+    # a call's time also grows with it, and comparisons across prompts must not mix the two
+    call_log: list[tuple[int, int, float]] = field(default_factory=list)
     prefill_seconds: float = 0.0
     target_seconds: float = 0.0  # decode-phase target calls (verification), excluding the prefill
     draft_seconds: float = 0.0
@@ -106,7 +108,7 @@ class GenerationStats:
     def as_dict(self) -> dict[str, Any]:
         """Return counters and derived figures as one JSON-ready dict."""
         data = asdict(self)
-        del data["call_seconds"]  # one number per call: too much for a summary
+        del data["call_log"]  # one entry per call: too much for a summary
         for name in ("acceptance_rate", "alpha", "tokens_per_target_call", "tokens_per_second",
                      "decode_tokens_per_second", "other_seconds", "overhead_share", "cost_ratio",
                      "mean_draft_length", "theoretical_speedup"):

@@ -1,5 +1,7 @@
 """The bench's in-run cost measurements."""
 
+import statistics
+
 from specdec.bench.runner import BenchConfig, Run, rollback_cost, verify_cost_of_runs
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
@@ -7,17 +9,40 @@ from specdec.runtime.stats import GenerationStats
 CASE = PromptCase(id="p", group="grounded", prompt="x", chat=False)
 
 
-def _run(**stats) -> Run:
-    return Run(0, CASE, BenchConfig("ngram K=4", "ngram", 4), [], GenerationStats(**stats))
+def _run(case: PromptCase = CASE, config: BenchConfig = BenchConfig("ngram K=4", "ngram", 4), **stats) -> Run:
+    return Run(0, case, config, [], GenerationStats(**stats))
 
 
-def test_verify_cost_from_the_runs_own_calls():
-    # t(n) = 10 ms * (1 + 0.1 (n - 1)); lengths with too few calls are left out
-    runs = [_run(call_seconds={1: [0.010] * 6, 5: [0.014] * 4, 3: [0.0120]}),
-            _run(call_seconds={1: [0.010] * 4, 5: [0.014] * 6, 2: [0.5]})]
-    v, one = verify_cost_of_runs(runs)
-    assert abs(v - 0.1) < 1e-9 and abs(one - 0.010) < 1e-12
-    assert verify_cost_of_runs([_run(call_seconds={5: [0.014] * 9})]) == (0.0, 0.0)
+def _step(past: int, case: PromptCase) -> float:
+    """A 1-token call's seconds: grows with the past, and the long prompt is slower."""
+    return 0.010 * (1 + past / 100) * (1.5 if case is LONG else 1.0)
+
+
+LONG = PromptCase(id="long", group="grounded", prompt="y", chat=False)
+BASELINE = BenchConfig("target-only", "none")
+
+
+def test_verify_cost_pairs_each_call_with_the_target_only_step_at_its_past():
+    # t(n, past) = step(past) * (1 + 0.1 (n - 1)). The short prompt has mostly 1-token calls,
+    # the long one mostly 5-token calls: pooled by n alone, v would come out far above 0.1.
+    baselines = [_run(case, BASELINE, call_log=[(p, 1, _step(p, case)) for p in range(100)]) for case in (CASE, LONG)]
+    short = [(p, 1, _step(p, CASE)) for p in range(0, 40)] + [(p, 5, 1.4 * _step(p, CASE)) for p in (50, 60)]
+    long = [(p, 1, _step(p, LONG)) for p in (0, 1)] + [(p, 5, 1.4 * _step(p, LONG)) for p in range(20, 95, 5)]
+    runs = [_run(CASE, call_log=short), _run(LONG, call_log=long)]
+    v, one = verify_cost_of_runs(runs, baselines)
+    assert abs(v - 0.1) < 1e-9
+    assert abs(one - statistics.median(c[2] for b in baselines for c in b.stats.call_log)) < 1e-12
+    pooled_one = statistics.median(c[2] for c in short + long if c[1] == 1)
+    pooled_five = statistics.median(c[2] for c in short + long if c[1] == 5)
+    assert (pooled_five / pooled_one - 1) / 4 > 0.3  # the confounding the pairing removes
+
+
+def test_verify_cost_needs_pairs():
+    baseline = _run(config=BASELINE, call_log=[(p, 1, 0.01) for p in range(10)])
+    assert verify_cost_of_runs([_run(call_log=[(p, 5, 0.014) for p in range(9)])], [baseline]) == (0.0, 0.0)
+    # calls whose past the target-only run never saw (another prompt) are not paired
+    other = PromptCase(id="q", group="open", prompt="z", chat=False)
+    assert verify_cost_of_runs([_run(other, call_log=[(p, 1, 0.01) for p in range(9)])], [baseline]) == (0.0, 0.0)
 
 
 def test_rollback_cost_per_rejection_in_steps():
@@ -32,7 +57,12 @@ def test_loop_records_every_target_call(tiny_target_only_artifact):
     engine = Engine.load(tiny_target_only_artifact, provider="cpu")
     result = engine.generate("one, two, three, one, two, three, one,",
                              GenerationConfig(max_new_tokens=24, drafter="ngram", num_draft_tokens=3))
-    calls = result.stats.call_seconds
-    assert sum(len(times) for times in calls.values()) == result.stats.iterations
-    assert set(calls) <= {1, 2, 3, 4} and all(t > 0 for times in calls.values() for t in times)
-    assert "call_seconds" not in result.stats.as_dict()
+    calls = result.stats.call_log
+    assert len(calls) == result.stats.iterations
+    assert {n for _, n, _ in calls} <= {1, 2, 3, 4} and all(t > 0 for _, _, t in calls)
+    # each call's past is the cache length it ran on: the previous call's past plus what it committed
+    prompt_length = len(result.prompt_ids)
+    assert calls[0][0] == prompt_length
+    assert all(later[0] > earlier[0] for earlier, later in zip(calls, calls[1:]))
+    assert calls[-1][0] < prompt_length + len(result.token_ids)
+    assert "call_log" not in result.stats.as_dict()
