@@ -126,14 +126,17 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         progress(f"{role}: quantizing MatMul weights to {config.weights}")
         optimization["quantization"] = quantize_graph(folder / layout.files[0], config.weights)
     kv_heads, head_dim = arch.num_kv_heads(loaded.config), arch.head_dim(loaded.config)
-    kv_slice = write_kv_slice_graph(folder / "kv_slice.onnx", 2 * num_layers, kv_heads, head_dim, layout.kv_dtype)
     files = [f"{role}/{name}" for name in layout.files]
-    hashed = files + [f"{role}/{kv_slice.name}"]
+    kv_slice_file = None  # a shared buffer rolls back by its length: nothing to crop
+    if not shared:
+        kv_slice = write_kv_slice_graph(folder / "kv_slice.onnx", 2 * num_layers, kv_heads, head_dim, layout.kv_dtype)
+        kv_slice_file = f"{role}/{kv_slice.name}"
+    hashed = files + ([kv_slice_file] if kv_slice_file else [])
     return GraphSpec(
         role=role,
         files=files,
         sha256={rel: sha256_of_file(staging / rel) for rel in hashed},
-        kv_slice_file=f"{role}/{kv_slice.name}",
+        kv_slice_file=kv_slice_file,
         model_type=loaded.config["model_type"],
         family=arch.family,
         num_layers=num_layers,
@@ -164,12 +167,12 @@ def _quantized_copy(target: GraphSpec, staging: Path, weights: str, progress: Pr
     shutil.copytree(staging / "target", staging / "draft")
     files = [f"draft/{Path(f).name}" for f in target.files]
     record = quantize_graph(staging / files[0], weights)
-    kv_slice = f"draft/{Path(target.kv_slice_file).name}"
+    kv_slice = f"draft/{Path(target.kv_slice_file).name}" if target.kv_slice_file else None
     return replace(
         target,
         role="draft",
         files=files,
-        sha256={rel: sha256_of_file(staging / rel) for rel in files + [kv_slice]},
+        sha256={rel: sha256_of_file(staging / rel) for rel in files + ([kv_slice] if kv_slice else [])},
         kv_slice_file=kv_slice,
         weights_dtype=weights,
         source=f"quantized:{weights} of {target.source}",

@@ -5,6 +5,7 @@ An artifact folder holds:
     specdec.json            this manifest
     target/model.onnx       target graph (+ model.onnx_data when weights are external)
     target/kv_slice.onnx    tiny graph that crops the target's KV cache on the device
+                            (concat graphs only: a shared buffer rolls back by its length)
     draft/...               same for the draft model (absent with --draft none)
     tokenizer/tokenizer.json, tokenizer_config.json, ...
 
@@ -40,7 +41,9 @@ class GraphSpec:
     role: str  # "target" or "draft"
     files: list[str]  # graph file first, then external-data files; relative to the artifact
     sha256: dict[str, str]  # relative path -> hex digest, for every file in `files` and kv_slice_file
-    kv_slice_file: str  # graph with inputs (past..., keep) that crops each past along the sequence axis
+    # graph with inputs (past..., keep) that crops each past along the sequence axis; None for
+    # a shared buffer (kv_buffer "shared"), which rolls back by its length alone
+    kv_slice_file: str | None
     model_type: str
     family: str
     num_layers: int
@@ -157,7 +160,7 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         role=s("role"),
         files=_get(data, "files", (list,), where),
         sha256=_get(data, "sha256", (dict,), where),
-        kv_slice_file=s("kv_slice_file"),
+        kv_slice_file=s("kv_slice_file", True),
         model_type=s("model_type"),
         family=s("family"),
         num_layers=i("num_layers"),
@@ -193,6 +196,8 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}' has a shared KV buffer but no seqlens/total length inputs")
     if spec.kv_buffer == "concat" and not spec.attention_mask_name:
         raise ManifestError(f"{MANIFEST_FILENAME}: missing field '{where}.attention_mask_name'")
+    if spec.kv_buffer == "concat" and not spec.kv_slice_file:
+        raise ManifestError(f"{MANIFEST_FILENAME}: missing field '{where}.kv_slice_file'")
     if spec.kv_dtype not in ("float32", "float16"):
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.kv_dtype' must be float32 or float16, got {spec.kv_dtype}")
     return spec

@@ -27,6 +27,11 @@ def test_manifest_records_the_optimization(tiny_artifacts, plain_llama):
     target = load_manifest(tiny_artifacts["llama"]).target
     assert (target.kv_buffer, target.attention_mask_name) == ("shared", None)
     assert target.seqlens_name and target.total_length_name
+    # a shared buffer rolls back by its length alone: no crop graph is shipped
+    assert target.kv_slice_file is None and not (tiny_artifacts["llama"] / "target" / "kv_slice.onnx").exists()
+    assert not (tiny_artifacts["llama"] / "draft" / "kv_slice.onnx").exists()
+    concat = load_manifest(plain_llama).target
+    assert concat.kv_slice_file and (plain_llama / concat.kv_slice_file).is_file()
     assert load_manifest(tiny_artifacts["gpt2"]).target.kv_buffer == "concat"
     assert load_manifest(plain_llama).target.kv_buffer == "concat"
     assert optimized["sha256_before"] != optimized["sha256_after"]

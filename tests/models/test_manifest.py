@@ -147,3 +147,7 @@ def test_kv_buffer_field(artifact_copy):
     _edit(artifact_copy, lambda d: d["target"].__setitem__("kv_buffer", "paged"))
     with pytest.raises(ManifestError, match="kv_buffer' must be concat or shared"):
         load_manifest(artifact_copy)
+    # a concat graph rolls back with its kv_slice graph: the manifest must name it
+    _edit(artifact_copy, lambda d: (d["target"].__setitem__("kv_buffer", "concat"), d["target"].pop("kv_slice_file")))
+    with pytest.raises(ManifestError, match="missing field 'target.kv_slice_file'"):
+        load_manifest(artifact_copy)
