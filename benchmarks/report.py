@@ -31,7 +31,8 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
         "(prefill excluded). Theory = Theorem 3.8 from each run's measured alpha, c and the K each iteration "
         "drafted, (a) as in the paper (verifying K+1 tokens costs one step) and (b) with the verify cost "
         f"measured in this run: each extra verified token costs {meta['verify_cost']:.3f} of a 1-token step "
-        "(fitted to the fixed-K n-gram runs' own target calls, by tokens per call).",
+        "(fitted to the fixed-K n-gram runs' own target calls, by tokens per call, each call divided by the "
+        "target-only step at the same past length in the same prompt and repeat).",
         "",
         *goals_section(groups, rows, anchors, replays),
         "## By prompt group",
