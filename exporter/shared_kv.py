@@ -30,11 +30,17 @@ TOTAL_LENGTH_NAME = "total_sequence_length"
 
 
 def fuse_shared_kv_attention(model: onnx.ModelProto, num_layers: int, num_heads: int, num_kv_heads: int,
-                             past_names: list[list[str]], present_names: list[list[str]]) -> int:
+                             past_names: list[list[str]], present_names: list[list[str]],
+                             layer_windows: list[int | None] | None = None) -> int:
     """Rewrite every layer's attention into GroupQueryAttention (in place); return the layers rewritten.
 
-    Returns 0 and leaves the model untouched unless all `num_layers` layers match the
-    expected pattern (Concat-built present, repeat_kv, scores, softmax, weighted sum).
+    `layer_windows` gives per layer the positions a query attends to, itself included
+    (None: the whole past), as transformers' `sliding_window`. The op's `local_window_size`
+    takes the same number: checked against PyTorch past the window on onnxruntime 1.32's
+    CPU kernel, where one less or one more fails (tests/exporter/test_windows.py; the CUDA
+    kernel is unchecked). Returns 0 and leaves the model untouched unless
+    all `num_layers` layers match the expected pattern (Concat-built present, repeat_kv,
+    scores, softmax, weighted sum).
     """
     graph = model.graph
     producers, consumers = producers_and_consumers(graph)
@@ -48,6 +54,7 @@ def fuse_shared_kv_attention(model: onnx.ModelProto, num_layers: int, num_heads:
     if len(layers) != num_layers or not layers:
         return 0
 
+    windows = layer_windows or [None] * num_layers
     shape_bsd = add_int64_constant(graph, "specdec_kv_packed_shape", [0, 0, -1])
     new_nodes: dict[int, list[onnx.NodeProto]] = {}
     removed: set[int] = set()
@@ -66,7 +73,8 @@ def fuse_shared_kv_attention(model: onnx.ModelProto, num_layers: int, num_heads:
              SEQLENS_NAME, TOTAL_LENGTH_NAME],
             [layer["output"], layer["present_key"], layer["present_value"]],
             name=f"{tag}_attention", domain="com.microsoft",
-            num_heads=num_heads, kv_num_heads=num_kv_heads, scale=float(layer["scale"]), do_rotary=0))
+            num_heads=num_heads, kv_num_heads=num_kv_heads, scale=float(layer["scale"]), do_rotary=0,
+            local_window_size=windows[index] if windows[index] else -1))
         new_nodes[id(layer["output_node"])] = added
         removed.update(id(node) for node in layer["concats"])
 

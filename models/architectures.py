@@ -37,9 +37,11 @@ class ArchitectureSpec:
     # (None: keep the plain optimum graph). Chosen by measurement, see benchmarks/RESULTS.md.
     ort_fusion_type: str | None = None
     # Rewrite attention into onnxruntime's GroupQueryAttention over one preallocated KV
-    # buffer per tensor (exporter/shared_kv.py). Only for families whose attention is plain
-    # causal softmax attention (no sliding window, no alibi), measured on SmolLM2.
+    # buffer per tensor (exporter/shared_kv.py). Only for families whose attention is causal
+    # softmax attention, full or over a sliding window (no alibi, no softcapping).
     shared_kv_buffer: bool = False
+    # Config key of the sliding attention window (None: the family always attends to the whole past).
+    sliding_window_key: str | None = None
 
     def num_layers(self, config: Mapping[str, Any]) -> int:
         """Return the number of transformer layers."""
@@ -58,6 +60,23 @@ class ArchitectureSpec:
         hidden = int(_require(config, self.hidden_key, self.family))
         heads = int(_require(config, self.heads_key, self.family))
         return hidden // heads
+
+    def layer_windows(self, config: Mapping[str, Any]) -> list[int | None]:
+        """Return per layer how many positions a query attends to, itself included (None: the whole past).
+
+        A config with `layer_types` (qwen2 and newer transformers configs) says which layers
+        slide; otherwise a set sliding window applies to every layer (mistral).
+        """
+        layers = self.num_layers(config)
+        window = config.get(self.sliding_window_key) if self.sliding_window_key else None
+        if not window:
+            return [None] * layers
+        kinds = config.get("layer_types")
+        if isinstance(kinds, list) and len(kinds) == layers:
+            return [int(window) if kind == "sliding_attention" else None for kind in kinds]
+        if config.get("use_sliding_window") is False:  # qwen2 configs written before layer_types
+            return [None] * layers
+        return [int(window)] * layers
 
     def max_positions(self, config: Mapping[str, Any]) -> int:
         """Return the longest sequence (prompt + generated) the model supports."""
@@ -91,8 +110,11 @@ _ARCHITECTURES: dict[str, ArchitectureSpec] = {
         head_dim_key=None,
     ),
     "llama": _LLAMA_LIKE,
-    "mistral": ArchitectureSpec(family="mistral"),
-    "qwen2": ArchitectureSpec(family="qwen2"),
+    # Same attention as llama, over a sliding window where the config sets one; the shared
+    # buffer is checked exact against PyTorch past the window (tests/exporter/test_windows.py),
+    # its speed measured on llama only. No onnxruntime fusions until measured for them.
+    "mistral": ArchitectureSpec(family="mistral", shared_kv_buffer=True, sliding_window_key="sliding_window"),
+    "qwen2": ArchitectureSpec(family="qwen2", shared_kv_buffer=True, sliding_window_key="sliding_window"),
     "phi3": ArchitectureSpec(family="phi3"),
 }
 
