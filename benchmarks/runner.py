@@ -161,11 +161,10 @@ def verify_cost_of_runs(runs: Sequence[Run], baseline_runs: Sequence[Run],
     every past length a speculative call sees was also a target-only step). Pairing matters:
     a call's time grows with the past too, and pooled across prompts the long grounded
     prompts would give most of the K+1-token calls and the short open ones most of the
-    1-token calls, inflating v. v is then the
-    least-squares slope of r(n) / r(1) - 1 against n - 1, r(n) the median ratio of n-token
-    calls, each length weighted by its number of calls; lengths with fewer than
-    `min_samples` calls are left out. The seconds are the median target-only call.
-    (0, 0) when fewer than `min_samples` 1-token calls could be paired.
+    1-token calls, inflating v. v is the least-squares slope of r(n) / r(1) - 1 against
+    n - 1, r(n) the median ratio of the n-token calls, each length weighted by its number
+    of calls; lengths with fewer than `min_samples` calls are left out. The seconds are the
+    median target-only call. (0, 0) when fewer than `min_samples` 1-token calls pair up.
     """
     steps: dict[tuple[str, int], dict[int, float]] = {}
     for run in baseline_runs:

@@ -76,7 +76,8 @@ class ArchitectureSpec:
             return [int(window) if kind == "sliding_attention" else None for kind in kinds]
         if config.get("use_sliding_window") is False:  # qwen2 configs written before layer_types
             return [None] * layers
-        return [int(window)] * layers
+        first = int(config.get("max_window_layers") or 0)  # qwen2: layers from here on slide
+        return [int(window) if layer >= first else None for layer in range(layers)]
 
     def max_positions(self, config: Mapping[str, Any]) -> int:
         """Return the longest sequence (prompt + generated) the model supports."""

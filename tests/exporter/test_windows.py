@@ -82,3 +82,17 @@ def test_shared_buffer_matches_pytorch_past_the_window(tmp_path, case):
     for position in range(27, 40):
         got.append(session.forward(cache, ids[position:position + 1]))
     np.testing.assert_allclose(np.concatenate(got), expected, atol=2e-4, rtol=0)
+
+
+def test_layer_windows_from_raw_configs():
+    """Configs as older transformers wrote them (no layer_types) still give the right windows."""
+    mistral, qwen2 = architecture_for("mistral"), architecture_for("qwen2")
+    base = {"num_hidden_layers": 4}
+    assert mistral.layer_windows({**base, "sliding_window": 4096}) == [4096] * 4
+    assert mistral.layer_windows({**base, "sliding_window": None}) == [None] * 4
+    assert qwen2.layer_windows({**base, "sliding_window": 32768, "use_sliding_window": False}) == [None] * 4
+    assert qwen2.layer_windows({**base, "sliding_window": 64, "use_sliding_window": True,
+                                "max_window_layers": 3}) == [None, None, None, 64]
+    kinds = ["full_attention", "sliding_attention"] * 2
+    assert qwen2.layer_windows({**base, "sliding_window": 64, "layer_types": kinds}) == [None, 64, None, 64]
+    assert architecture_for("llama").layer_windows({**base, "sliding_window": 64}) == [None] * 4
