@@ -175,8 +175,12 @@ def test_other_llama_like_families_export_and_run(model_type, tmp_path):
     manifest = run_export(ExportConfig(target=str(folder), draft=str(folder), output=out), progress=lambda m: None)
     assert manifest.target.model_type == model_type and manifest.validation["target"]["passed"]
     assert (manifest.target.num_kv_heads, manifest.target.head_dim) == (2, 16)
-    # 4 query heads on 2 KV heads: both attention MatMuls of both layers read the cache unrepeated
-    assert manifest.target.optimization["fused_operators"]["GroupedQueryMatMul"] == 4
+    fused = manifest.target.optimization["fused_operators"]
+    if model_type == "phi3":
+        # 4 query heads on 2 KV heads: both attention MatMuls of both layers read the cache unrepeated
+        assert fused["GroupedQueryMatMul"] == 4 and manifest.target.kv_buffer == "concat"
+    else:  # mistral and qwen2 attend over one shared KV buffer, like llama
+        assert fused["GroupQueryAttention"] == 2 and manifest.target.kv_buffer == "shared"
     engine = Engine.load(out, provider="cpu")
     plain = engine.generate("Hello world", GenerationConfig(max_new_tokens=16, drafter="none"))
     spec = engine.generate("Hello world", GenerationConfig(max_new_tokens=16, num_draft_tokens=3))
