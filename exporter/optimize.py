@@ -70,18 +70,18 @@ def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, A
         model = onnx.load(str(graph_path))
     kv_buffer = "concat"
     layers = arch.num_layers(config)
+    windows = arch.layer_windows(config)
     shared = shared_kv and arch.shared_kv_buffer and fuse_shared_kv_attention(
         model, layers, heads, kv_heads,
         [[PAST_KEY.format(layer=i), PAST_VALUE.format(layer=i)] for i in range(layers)],
-        [[PRESENT_KEY.format(layer=i), PRESENT_VALUE.format(layer=i)] for i in range(layers)],
-        arch.layer_windows(config))
+        [[PRESENT_KEY.format(layer=i), PRESENT_VALUE.format(layer=i)] for i in range(layers)], windows)
     regrouped = 0 if shared else regroup_attention(model, heads, kv_heads)
     if shared:
         kv_buffer = "shared"
-        windows = sorted({w for w in arch.layer_windows(config) if w})
+        sliding = sorted({w for w in windows if w})
         applied.append(f"one shared KV buffer per layer: GroupQueryAttention ({shared} layers, "
                        f"{heads} query / {kv_heads} KV heads"
-                       + (f", sliding window {', '.join(map(str, windows))}" if windows else "") + ")")
+                       + (f", sliding window {', '.join(map(str, sliding))}" if sliding else "") + ")")
         fused["GroupQueryAttention"] = shared
     if regrouped:
         applied.append(f"grouped-query attention without repeat_kv copies ({regrouped} MatMuls, "
