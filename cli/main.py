@@ -255,6 +255,7 @@ def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, repeats, no_mea
     if not no_save:
         update_runtime_defaults(artifact, {"num_draft_tokens": report.recommended_k, "drafter": kind,
                                            "verify_cost": round(report.verify_cost, 4),
+                                           "target_call_costs": [round(r, 4) for r in report.call_costs],
                                            "tuned": {"alpha": round(report.alpha, 4),
                                                      "cost_ratio": round(report.cost_ratio, 4)}})
     if as_json:

@@ -24,7 +24,7 @@ def plot_tune(report, path: Path) -> Path:
     ks = [row.k for row in report.rows]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax.plot(ks, [row.expected_paper for row in report.rows], "--", color="gray", label="expected (Thm 3.8)")
-    ax.plot(ks, [row.expected for row in report.rows], "-o", ms=3, label="expected, measured verify cost and K drafted")
+    ax.plot(ks, [row.expected for row in report.rows], "-o", ms=3, label="expected, measured call costs t(n) and K drafted")
     measured = [(row.k, row.measured) for row in report.rows if row.measured is not None]
     if measured:
         ax.plot(*zip(*measured), "-s", ms=4, label="measured")

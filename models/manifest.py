@@ -242,9 +242,27 @@ def manifest_from_dict(data: Any) -> Manifest:
             command=_get(prov, "command", (str,), "provenance", True),
         ),
         validation=_get(data, "validation", (dict,), "", True) or {},
-        runtime_defaults=_get(data, "runtime_defaults", (dict,), "", True) or {},
+        runtime_defaults=_runtime_defaults_from_dict(_get(data, "runtime_defaults", (dict,), "", True) or {}),
         version=version,
     )
+
+
+def _runtime_defaults_from_dict(data: dict) -> dict[str, Any]:
+    """Return the runtime defaults after checking the fields the runtime reads (others pass through)."""
+    where = "runtime_defaults"
+    k = data.get("num_draft_tokens")
+    if k is not None and k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise ManifestError(f"{MANIFEST_FILENAME}: field '{where}.num_draft_tokens' should be an integer >= 1 "
+                            f"or 'auto', got {k!r}")
+    verify_cost = _get(data, "verify_cost", (int, float), where, True)
+    if verify_cost is not None and verify_cost < 0:
+        raise ManifestError(f"{MANIFEST_FILENAME}: field '{where}.verify_cost' should be >= 0, got {verify_cost}")
+    costs = _get(data, "target_call_costs", (list,), where, True)
+    if costs is not None and not all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0
+                                     for c in costs):
+        raise ManifestError(f"{MANIFEST_FILENAME}: field '{where}.target_call_costs' should be a list of "
+                            f"positive numbers (a call over n tokens in 1-token calls, n = 1, 2, ...)")
+    return data
 
 
 def load_manifest(artifact_dir: str | os.PathLike, check_files: bool = True) -> Manifest:

@@ -11,6 +11,7 @@ import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import Manifest, load_manifest
+from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec.runtime.loop import MAX_DRAFT_ROOM, Iteration, decode
@@ -106,6 +107,13 @@ class Engine:
             shared = min(self.draft.vocab_limit, self.target.vocab_limit)
             self.draft.vocab_limit = self.target.vocab_limit = shared
         self.eos_token_ids = set(manifest.tokenizer.eos_token_ids)
+        # One cost curve per engine, learned across requests: it is a fact of this machine and
+        # model, and a single 128-token request is too short to time every call length.
+        defaults = manifest.runtime_defaults
+        self.target_call_costs = TargetCallCosts(
+            prior={n: float(r) for n, r in enumerate(defaults.get("target_call_costs") or [], start=1)},
+            prior_verify_cost=float(defaults.get("verify_cost", 0.0)),
+        )
 
     @classmethod
     def load(cls, artifact_dir: str | Path, provider: str = "auto", threads: int | None = None,
@@ -176,8 +184,7 @@ class Engine:
         if k is None:
             k = self.manifest.runtime_defaults.get("num_draft_tokens", DEFAULT_DRAFT_TOKENS)
         if k == "auto":
-            verify_cost = float(self.manifest.runtime_defaults.get("verify_cost", 0.0))
-            return AdaptiveDraftLength(max_k=config.max_draft_tokens_auto, verify_cost=verify_cost), "auto"
+            return AdaptiveDraftLength(max_k=config.max_draft_tokens_auto, call_costs=self.target_call_costs), "auto"
         return FixedDraftLength(int(k)), str(k)
 
     def _pieces(self, ids: list[int], config: GenerationConfig,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 
@@ -27,24 +29,35 @@ def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_cost: float
 
 
 def expected_speedup_over_lengths(alpha: float, draft_lengths: dict[int, int], cost_ratio: float,
-                                  verify_cost: float = 0.0) -> float:
+                                  verify_cost: float = 0.0,
+                                  call_cost: Callable[[int], float] | None = None) -> float:
     """Return Theorem 3.8's speedup over iterations that drafted different K (k -> iteration count).
 
     Per iteration with k drafts: (1 - alpha^(k+1)) / (1 - alpha) expected tokens for
-    k (c + v) + 1 target-step units; plain iterations (k = 0) count 1 token for 1 unit.
-    A drafter that often finds fewer than K tokens (n-gram) is judged on what it drafted.
+    k c + call_cost(k + 1) target-step units, call_cost defaulting to the line
+    1 + verify_cost k; plain iterations (k = 0) count 1 token for 1 unit. A drafter that
+    often finds fewer than K tokens (n-gram) is judged on what it drafted.
     """
+    cost_of_call = call_cost or (lambda n: 1.0 + verify_cost * (n - 1))
     tokens = cost = 0.0
     for k, count in draft_lengths.items():
         tokens += count * expected_tokens_per_iteration(alpha, k)
-        cost += count * (k * (cost_ratio + verify_cost) + 1.0)
+        cost += count * (k * cost_ratio + (cost_of_call(k + 1) if k > 0 else 1.0))
     return tokens / cost if cost else 1.0
 
 
-def best_draft_length(alpha: float, cost_ratio: float, max_k: int,
-                      verify_cost: float = 0.0) -> tuple[int, float]:
-    """Return (k, expected speedup) maximising expected_speedup over k = 0..max_k (0: do not draft)."""
-    speedups = [expected_speedup(alpha, k, cost_ratio, verify_cost) for k in range(max_k + 1)]
+def best_draft_length(alpha: float, cost_ratio: float, max_k: int, verify_cost: float = 0.0,
+                      call_cost: Callable[[int], float] | None = None) -> tuple[int, float]:
+    """Return (k, expected speedup) maximising the expected speedup over k = 0..max_k (0: do not draft).
+
+    call_cost(n): a target call over n tokens in 1-token calls (default: the line
+    1 + verify_cost (n - 1)); k drafts cost k c + call_cost(k + 1).
+    """
+    if call_cost is None:
+        speedups = [expected_speedup(alpha, k, cost_ratio, verify_cost) for k in range(max_k + 1)]
+    else:
+        speedups = [1.0] + [expected_tokens_per_iteration(alpha, k) / (k * cost_ratio + call_cost(k + 1))
+                            for k in range(1, max_k + 1)]
     best = int(np.argmax(speedups))
     return best, speedups[best]
 

@@ -6,6 +6,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
+from specdec.runtime.call_costs import relative_costs_from_step_times
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.session import ModelSession
@@ -50,7 +51,7 @@ class TuneRow:
 
     k: int
     expected_paper: float  # Theorem 3.8: verification costs one target step
-    expected: float  # with the measured verify cost, over the K actually drafted (when measured)
+    expected: float  # with the measured call costs t(n), over the K actually drafted (when measured)
     measured: float | None  # pooled decode tokens/s at K over target-only, same prompts, alternating runs
     alpha_measured: float | None = None  # per-token acceptance at this K
 
@@ -69,6 +70,11 @@ class TuneReport:
     recommended_k: int = 1
 
     @property
+    def call_costs(self) -> list[float]:
+        """Return t(n) / t(1) for n = 1..max_k + 1: what `auto` reads from the artifact."""
+        return list(relative_costs_from_step_times(self.target_step_seconds).values())
+
+    @property
     def verify_cost(self) -> float:
         """Return the mean extra target cost per verified token, in 1-token steps."""
         return verify_cost_per_token(self.target_step_seconds)
@@ -77,6 +83,7 @@ class TuneReport:
         """Return the report as JSON-ready data."""
         data = asdict(self)
         data["verify_cost"] = self.verify_cost
+        data["call_costs"] = self.call_costs
         return data
 
 
@@ -153,15 +160,15 @@ def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int
     report = TuneReport(drafter=drafter, alpha=alpha, cost_ratio=cost_ratio, target_step_seconds=target_times,
                         draft_step_seconds=draft_step,
                         baseline_tokens_per_second=statistics.median(m.baseline_tokens_per_second for m in pool))
-    verify_cost = verify_cost_per_token(target_times)
+    call_cost = relative_costs_from_step_times(target_times).__getitem__  # n = 1..max_k + 1
     for k in range(1, max_k + 1):
         m = measured.get(k)
         a = m.alpha if m and m.tests else alpha
         report.rows.append(TuneRow(
             k=k,
             expected_paper=expected_speedup(a, k, cost_ratio),
-            expected=(expected_speedup_over_lengths(a, m.draft_lengths, cost_ratio, verify_cost) if m
-                      else expected_speedup_with_verify_curve(a, k, cost_ratio, target_times[k] / target_times[0])),
+            expected=(expected_speedup_over_lengths(a, m.draft_lengths, cost_ratio, call_cost=call_cost) if m
+                      else expected_speedup_with_verify_curve(a, k, cost_ratio, call_cost(k + 1))),
             measured=m.speedup if m else None,
             alpha_measured=a if m else None,
         ))
@@ -177,7 +184,7 @@ def format_table(report: TuneReport) -> str:
         f"target 1-token call {report.target_step_seconds[0] * 1e3:.1f} ms, verify cost per extra token "
         f"{report.verify_cost:.3f} steps, target-only {report.baseline_tokens_per_second:.1f} tok/s",
         "",
-        "| K | alpha at K | expected (paper, nominal K) | expected (measured verify cost, K drafted) | measured |",
+        "| K | alpha at K | expected (paper, nominal K) | expected (measured call costs, K drafted) | measured |",
         "|---|---|---|---|---|",
     ]
     for row in report.rows:

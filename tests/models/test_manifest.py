@@ -68,6 +68,20 @@ def test_wrong_type_is_named(artifact_copy):
         load_manifest(artifact_copy)
 
 
+@pytest.mark.parametrize("defaults, message", [
+    ({"num_draft_tokens": 0}, "num_draft_tokens' should be an integer >= 1 or 'auto'"),
+    ({"verify_cost": "0.1"}, "verify_cost' should be int/float"),
+    ({"target_call_costs": [1.0, "1.1"]}, "target_call_costs' should be a list of positive numbers"),
+    ({"target_call_costs": [1.0, -1.1]}, "target_call_costs' should be a list of positive numbers"),
+])
+def test_bad_runtime_defaults_are_named(artifact_copy, defaults, message):
+    _edit(artifact_copy, lambda d: d.__setitem__("runtime_defaults", defaults))
+    with pytest.raises(ManifestError, match=message):
+        load_manifest(artifact_copy)
+    result = CliRunner().invoke(main, ["generate", str(artifact_copy), "hi", "--provider", "cpu"])
+    assert result.exit_code != 0 and "Traceback" not in result.output and message in result.output
+
+
 def test_newer_version_is_refused_with_advice(artifact_copy):
     _edit(artifact_copy, lambda d: d.__setitem__("version", 99))
     with pytest.raises(ManifestError, match="version 99.*re-export"):

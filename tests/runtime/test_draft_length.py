@@ -1,3 +1,4 @@
+from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.theory import best_draft_length, expected_speedup, expected_tokens_per_iteration
 
@@ -51,25 +52,33 @@ def test_adaptive_falls_back_when_alpha_is_zero_and_recovers():
     assert policy.choose() >= 3
 
 
-def test_adaptive_learns_verify_cost_from_call_times():
-    policy = AdaptiveDraftLength(verify_cost=0.0)
-    for i in range(200):
+def line(v: float) -> TargetCallCosts:
+    """Return costs that follow the line 1 + v (n - 1) until calls are timed."""
+    return TargetCallCosts(prior_verify_cost=v)
+
+
+def test_adaptive_feeds_its_target_calls_to_the_cost_table():
+    costs = TargetCallCosts()
+    policy = AdaptiveDraftLength(call_costs=costs)
+    for i in range(60):
         n = 1 + i % 6
         policy.observe(n - 1, n - 1, False, None, target_tokens=n, target_seconds=0.010 + 0.002 * n)
-    # t(n) = 10 ms + 2 ms * n: one extra token costs 2 / 12 of a 1-token call
-    assert abs(policy.verify_cost - 2 / 12) < 0.01
+    # t(n) = 10 ms + 2 ms * n: a 6-token call costs 22 / 12 of a 1-token call
+    assert abs(costs.relative(6) - 22 / 12) < 1e-6
 
 
-def test_adaptive_keeps_prior_verify_cost_until_lengths_vary():
-    policy = AdaptiveDraftLength(verify_cost=0.05)
-    for _ in range(20):
-        policy.observe(4, 4, False, None, target_tokens=5, target_seconds=0.03)
-    assert policy.verify_cost == 0.05
+def test_adaptive_picks_k_at_the_edge_of_a_cost_step():
+    # Calls of 2..6 tokens cost 1.1 steps, 7 and more 1.6: with alpha 0.8 the table says stop
+    # at the step's edge, K = 5 (3.69 tokens for 1.1 steps); free verification says K = 8.
+    step = TargetCallCosts(prior={n: (1.0 if n == 1 else 1.1 if n <= 6 else 1.6) for n in range(1, 10)})
+    policy = AdaptiveDraftLength(alpha=0.8, max_k=8, call_costs=step)
+    assert policy.choose() == 5
+    assert AdaptiveDraftLength(alpha=0.8, max_k=8, call_costs=line(0.0)).choose() == 8
 
 
 def test_expensive_verification_lowers_k():
-    cheap = AdaptiveDraftLength(alpha=0.6, verify_cost=0.0, max_k=16)
-    costly = AdaptiveDraftLength(alpha=0.6, verify_cost=0.1, max_k=16)
+    cheap = AdaptiveDraftLength(alpha=0.6, call_costs=line(0.0), max_k=16)
+    costly = AdaptiveDraftLength(alpha=0.6, call_costs=line(0.1), max_k=16)
     assert costly.choose() < cheap.choose()
 
 
@@ -84,9 +93,9 @@ def test_stats_theory_over_actual_draft_lengths():
 
 
 def test_adaptive_learns_cost_ratio_against_a_one_token_call():
-    policy = AdaptiveDraftLength(verify_cost=0.1)
+    policy = AdaptiveDraftLength(call_costs=TargetCallCosts(prior={4: 1.3}))
     for _ in range(60):
-        # a 4-token target call of 13 ms is a 10 ms 1-token call at v = 0.1; drafts take 3 ms
+        # a 4-token target call of 13 ms is a 10 ms 1-token call when t(4) = 1.3 t(1); drafts take 3 ms
         policy.observe(3, 1, True, draft_step_seconds=0.003, target_tokens=4, target_seconds=0.013)
     assert abs(policy.cost_ratio - 0.3) < 0.01
 
@@ -95,7 +104,7 @@ def test_adaptive_alpha_pools_tests_across_iterations():
     # Runs of 7 accepted drafts (7 tests, bonus) alternate with immediate rejections (1 test):
     # 7 passes in 8 tests is alpha = 0.875. Averaging each iteration's own ratio (1 and 0)
     # would say 0.5 and pick a short K.
-    policy = AdaptiveDraftLength(max_k=8, cost_ratio=0.0, verify_cost=0.05)
+    policy = AdaptiveDraftLength(max_k=8, cost_ratio=0.0, call_costs=line(0.05))
     for _ in range(30):
         policy.observe(7, 7, rejected=False)
         policy.observe(7, 0, rejected=True)

@@ -35,7 +35,11 @@ def test_tune_stores_k_that_the_runtime_then_uses(tiny_artifacts, tmp_path):
     assert (tmp_path / "tune.png").stat().st_size > 1000
     stored = load_manifest(artifact).runtime_defaults
     assert 1 <= stored["num_draft_tokens"] <= 3 and stored["drafter"] == "model"
+    # The measured call-cost curve, n = 1..max_k + 1, is what `auto` starts from.
+    assert len(stored["target_call_costs"]) == 4 and stored["target_call_costs"][0] == 1.0
     engine = Engine.load(artifact, provider="cpu")
+    assert engine.target_call_costs.prior == {n: r for n, r in enumerate(stored["target_call_costs"], start=1)}
+    assert engine.target_call_costs.relative(3) == stored["target_call_costs"][2]
     stats = engine.generate("Hello", GenerationConfig(max_new_tokens=6)).stats
     assert stats.num_draft_tokens == str(stored["num_draft_tokens"]) and stats.drafter == "model"
 
