@@ -10,6 +10,7 @@ outputs: extract 1.84x against 1.96x with the table below). Hence a table per n.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 
@@ -30,17 +31,21 @@ class TargetCallCosts:
     min_calls: int = 3  # calls of a length before its own mean is trusted
     _seconds: dict[int, float] = field(default_factory=dict)
     _calls: dict[int, int] = field(default_factory=dict)
+    # An engine's requests share one table from many threads; reading it while another
+    # thread adds a length would break the iteration.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def observe(self, tokens: int, seconds: float) -> None:
         """Record one target call over `tokens` tokens that took `seconds`."""
         if tokens < 1 or seconds <= 0:
             return
-        count = self._calls.get(tokens, 0)
-        old = self._seconds.get(tokens, seconds)
-        # Plain mean for the first few calls, then an EWMA that follows drift.
-        weight = max(self.smoothing, 1.0 / (count + 1))
-        self._seconds[tokens] = old + weight * (seconds - old)
-        self._calls[tokens] = count + 1
+        with self._lock:
+            count = self._calls.get(tokens, 0)
+            old = self._seconds.get(tokens, seconds)
+            # Plain mean for the first few calls, then an EWMA that follows drift.
+            weight = max(self.smoothing, 1.0 / (count + 1))
+            self._seconds[tokens] = old + weight * (seconds - old)
+            self._calls[tokens] = count + 1
 
     def relative(self, tokens: int) -> float:
         """Return t(tokens) / t(1), at least 1 (a longer call is never cheaper)."""
@@ -64,7 +69,8 @@ class TargetCallCosts:
         return seconds / self.relative(tokens)
 
     def _trusted(self) -> dict[int, float]:
-        return {n: s for n, s in self._seconds.items() if self._calls[n] >= self.min_calls}
+        with self._lock:
+            return {n: s for n, s in self._seconds.items() if self._calls[n] >= self.min_calls}
 
     @staticmethod
     def _line(points: dict[int, float]) -> tuple[float, float] | None:

@@ -61,3 +61,37 @@ def test_one_token_seconds_takes_the_call_length_out():
 def test_relative_costs_from_step_times():
     assert relative_costs_from_step_times([0.02, 0.022, 0.03]) == pytest.approx({1: 1.0, 2: 1.1, 3: 1.5})
     assert relative_costs_from_step_times([]) == {}
+
+
+def test_shared_by_threads():
+    # One engine's requests share the table: lengths added by one thread while another reads.
+    import sys
+    import threading
+
+    costs = TargetCallCosts()
+    errors = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+
+    def writer(offset):
+        for n in range(1, 400):
+            costs.observe(offset + n, 0.01 + 0.001 * n)
+
+    def reader():
+        try:
+            for _ in range(2000):
+                costs.relative(7)
+        except RuntimeError as err:  # "dictionary changed size during iteration"
+            errors.append(err)
+
+    threads = [threading.Thread(target=writer, args=(i * 1000,)) for i in range(3)] + \
+              [threading.Thread(target=reader) for _ in range(3)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors
+    assert sum(costs._calls.values()) == 3 * 399
