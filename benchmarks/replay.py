@@ -3,7 +3,7 @@
 Under greedy decoding the output is the target's own whatever the drafter does, so the
 n-gram drafter's proposals and their fate can be recomputed offline from (prompt, output)
 alone. With a cost model in units of one 1-token target step (a call over n tokens costs
-1 + v (n - 1), a rollback after a rejection costs r), this gives the speedup of any
+t(n), as measured, a rollback after a rejection costs r), this gives the speedup of any
 draft-length policy without timing noise, and an upper bound: the oracle, which cuts every
 proposal to exactly the tokens the target will accept (no K choice can do better with
 this drafter's proposals). Comparing the replayed fixed-K speedup with the measured one
@@ -13,7 +13,7 @@ of any K policy on this hardware.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specdec.runtime.ngram import NgramIndex
 
@@ -22,8 +22,17 @@ from specdec.runtime.ngram import NgramIndex
 class CostModel:
     """Target call costs in 1-token steps, as measured on the machine."""
 
-    verify_cost: float  # v: each verified token beyond the first
+    verify_cost: float  # v: each verified token beyond the first, on average
     rollback_cost: float  # r: one cache rollback after a rejection
+    call_costs: dict[int, float] = field(default_factory=dict)  # n -> t(n) where measured
+
+    def call(self, tokens: int) -> float:
+        """Return the cost of a target call over `tokens` tokens: t(n) where measured, else the
+        longest measured call plus v per token beyond it (the line 1 + v (n - 1) with no table)."""
+        if tokens in self.call_costs:
+            return self.call_costs[tokens]
+        longest = max((n for n in self.call_costs if n < tokens), default=1)
+        return self.call_costs.get(longest, 1.0) + self.verify_cost * (tokens - longest)
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ def replay_ngram(prompt_ids: list[int], output_ids: list[int], k: int | None, co
         calls += 1
         drafted += n_drafts
         accepted += n_accepted
-        total += 1.0 + cost.verify_cost * n_drafts + (cost.rollback_cost if n_accepted < n_drafts else 0.0)
+        total += cost.call(n_drafts + 1) + (cost.rollback_cost if n_accepted < n_drafts else 0.0)
         position += n_accepted + 1
     return ReplayResult(calls, drafted, accepted, total, max(len(output_ids) - 1, 0))
 
@@ -98,7 +107,7 @@ def _cheapest(available: list[int], matched: list[int], cost: CostModel) -> Repl
     best = [0.0] * (n + 1)  # best[p]: cheapest cost to commit output[p:]
     choice = [0] * (n + 1)
     for position in range(n - 1, 0, -1):
-        options = [(1.0 + cost.verify_cost * j + best[position + j + 1], j) for j in range(matched[position] + 1)]
+        options = [(cost.call(j + 1) + best[position + j + 1], j) for j in range(matched[position] + 1)]
         best[position], choice[position] = min(options)
     position, calls, accepted = 1, 0, 0
     while position < n:

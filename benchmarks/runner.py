@@ -65,15 +65,16 @@ def run_bench(engine: Engine, prompts: Sequence[PromptCase], configs: Sequence[B
     return runs
 
 
-def summarize(runs: Sequence[Run], verify_cost: float = 0.0) -> list[dict]:
+def summarize(runs: Sequence[Run], cost: CostModel | None = None) -> list[dict]:
     """Return one row per (prompt, configuration) with medians over repeats.
 
     speedup is the median over repeats of (decode tokens/s) / (target-only decode tokens/s
     of the same prompt in the same repeat); theoretical_speedup is Theorem 3.8 over each
     run's measured alpha, c and draft lengths, and theoretical_speedup_verify the same with
-    the measured verify cost per extra token; greedy_equal says whether the tokens match
-    target-only's.
+    the measured call costs t(n) of `cost` (none: the paper's); greedy_equal says whether
+    the tokens match target-only's.
     """
+    call_cost = cost.call if cost else None
     baseline = {(r.repeat, r.prompt.id): r for r in runs if r.config.name == BASELINE}
     rows = []
     keys = list(dict.fromkeys((r.prompt.id, r.config.name) for r in runs))
@@ -98,7 +99,8 @@ def summarize(runs: Sequence[Run], verify_cost: float = 0.0) -> list[dict]:
             "target_share": (median("target_seconds") + median("prefill_seconds")) / total if total else 0.0,
             "other_share": median("other_seconds") / total if total else 0.0,
             "theoretical_speedup": median("theoretical_speedup"),
-            "theoretical_speedup_verify": statistics.median(r.stats.expected_speedup(verify_cost) for r in group),
+            "theoretical_speedup_verify": statistics.median(r.stats.expected_speedup(call_cost=call_cost)
+                                                           for r in group),
             "greedy_equal": all(r.token_ids == baseline[(r.repeat, prompt_id)].token_ids for r in group),
         })
     return rows
@@ -152,19 +154,21 @@ def replay_rows(runs: Sequence[Run], prompt_ids: dict[str, list[int]], rows: Seq
     return out
 
 
-def verify_cost_of_runs(runs: Sequence[Run], baseline_runs: Sequence[Run],
-                        min_samples: int = 5) -> tuple[float, float]:
-    """Return (v, 1-token call seconds) from the target calls of `runs` themselves.
+def call_costs_of_runs(runs: Sequence[Run], baseline_runs: Sequence[Run],
+                       min_samples: int = 5) -> tuple[dict[int, float], float, float]:
+    """Return ({n: t(n)}, v, 1-token call seconds) from the target calls of `runs` themselves.
 
     Each call of a speculative run is divided by the target-only call at the same past
     length in the same prompt and repeat (`baseline_runs`; greedy outputs are identical, so
     every past length a speculative call sees was also a target-only step). Pairing matters:
     a call's time grows with the past too, and pooled across prompts the long grounded
     prompts would give most of the K+1-token calls and the short open ones most of the
-    1-token calls, inflating v. v is the least-squares slope of r(n) / r(1) - 1 against
-    n - 1, r(n) the median ratio of the n-token calls, each length weighted by its number
-    of calls; lengths with fewer than `min_samples` calls are left out. The seconds are the
-    median target-only call. (0, 0) when fewer than `min_samples` 1-token calls pair up.
+    1-token calls, inflating the cost of long calls. t(n) = r(n) / r(1), r(n) the median
+    ratio of the n-token calls, made non-decreasing in n (a longer call is never cheaper;
+    a dip is timing noise); lengths with fewer than `min_samples` calls are left out. v is
+    the least-squares slope of t(n) - 1 against n - 1, each length weighted by its number
+    of calls: the average cost of one more token. The seconds are the median target-only
+    call. ({}, 0, 0) when fewer than `min_samples` 1-token calls pair up.
     """
     steps: dict[tuple[str, int], dict[int, float]] = {}
     for run in baseline_runs:
@@ -176,8 +180,13 @@ def verify_cost_of_runs(runs: Sequence[Run], baseline_runs: Sequence[Run],
             if baseline.get(past):
                 ratios.setdefault(n, []).append(seconds / baseline[past])
     if len(ratios.get(1, [])) < min_samples:
-        return 0.0, 0.0
-    kept = {n: values for n, values in ratios.items() if len(values) >= min_samples}
+        return {}, 0.0, 0.0
+    kept = {n: values for n, values in sorted(ratios.items()) if len(values) >= min_samples}
     medians = {n: statistics.median(values) for n, values in kept.items()}
+    costs, highest = {}, 1.0
+    for n, median in medians.items():
+        highest = max(highest, median / medians[1])
+        costs[n] = highest
     one_token = statistics.median(seconds for table in steps.values() for seconds in table.values())
-    return verify_cost_from_calls(medians, {n: len(values) for n, values in kept.items()}), one_token
+    verify_cost = verify_cost_from_calls(medians, {n: len(values) for n, values in kept.items()})
+    return costs, verify_cost, one_token

@@ -79,8 +79,8 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     from specdec.bench import PROMPT_SET_VERSION, PROMPTS_FILE
     from specdec.bench.report import anchor_rows, markdown_report
     from specdec.bench.replay import CostModel
-    from specdec.bench.runner import (BASELINE, configurations, group_summary, replay_rows, rollback_cost, run_bench,
-                                      summarize, verify_cost_of_runs)
+    from specdec.bench.runner import (BASELINE, call_costs_of_runs, configurations, group_summary, replay_rows,
+                                      rollback_cost, run_bench, summarize)
     from specdec.models.manifest import sha256_of_file
     from specdec.runtime.engine import DEFAULT_DRAFT_TOKENS, Engine
     from specdec.runtime.prompts import load_prompts
@@ -100,14 +100,16 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
 
             anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress)
     ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
-    # How verification cost grows with the tokens per call, from the fixed-K n-gram runs' own
-    # target calls (1-token calls where nothing matched, K+1 where it did), each against the
-    # target-only step at the same past length: no separate probe.
-    fixed_runs = [r for r in runs if r.config.name == ngram_fixed]
-    verify_cost, one_token_seconds = verify_cost_of_runs(fixed_runs, [r for r in runs if r.config.name == BASELINE])
-    rows = summarize(runs, verify_cost)
+    # What a call over n tokens costs, from the speculative runs' own target calls (1-token
+    # calls where nothing matched, up to K+1 where something did; auto's reach further), each
+    # against the target-only step at the same past length: no separate probe.
+    spec_runs = [r for r in runs if r.config.name != BASELINE]
+    call_costs, verify_cost, one_token_seconds = call_costs_of_runs(
+        spec_runs, [r for r in runs if r.config.name == BASELINE])
+    cost = CostModel(verify_cost, rollback_cost([r for r in runs if r.config.name == ngram_fixed], one_token_seconds),
+                     call_costs)
+    rows = summarize(runs, cost)
     groups = group_summary(rows)
-    cost = CostModel(verify_cost, rollback_cost(fixed_runs, one_token_seconds))
     replays = replay_rows(runs, prompt_ids, rows, cost, sorted({k, 2 * k}), ngram_fixed)
 
     anchor_table: list[dict] = []
@@ -136,6 +138,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         "repeats": repeats,
         "provider": engine.provider,
         "verify_cost": verify_cost,
+        "call_costs": {str(n): t for n, t in call_costs.items()},
         "rollback_cost": cost.rollback_cost,
         "versions": _versions(),
     }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from specdec.runtime.theory import expected_speedup_over_lengths
 
@@ -92,13 +92,14 @@ class GenerationStats:
         """Return drafted tokens per iteration."""
         return self.drafted / self.iterations if self.iterations else 0.0
 
-    def expected_speedup(self, verify_cost: float = 0.0) -> float:
+    def expected_speedup(self, verify_cost: float = 0.0, call_cost: Callable[[int], float] | None = None) -> float:
         """Return Theorem 3.8's speedup for the measured alpha and c over the K each iteration drafted.
 
         verify_cost (v): extra target cost per verified token, in 1-token steps; 0 is the
-        paper's assumption that verifying k+1 tokens costs one step.
+        paper's assumption that verifying k+1 tokens costs one step. call_cost(n), when
+        given, is the cost of a call over n tokens instead (a measured table).
         """
-        return expected_speedup_over_lengths(self.alpha, self.draft_lengths, self.cost_ratio, verify_cost)
+        return expected_speedup_over_lengths(self.alpha, self.draft_lengths, self.cost_ratio, verify_cost, call_cost)
 
     @property
     def theoretical_speedup(self) -> float:

@@ -59,3 +59,19 @@ def test_replay_matches_the_loop_and_the_oracle_bounds_every_k():
             calls, total = _brute_force(prompt, output, k)
             assert result.target_calls == calls and abs(result.cost - total) < 1e-9
             assert oracle.cost <= result.cost + 1e-12
+
+
+def test_cost_model_reads_the_measured_table_and_extends_it():
+    table = CostModel(verify_cost=0.05, rollback_cost=0.0, call_costs={1: 1.0, 2: 1.1, 6: 1.15, 7: 1.3})
+    assert table.call(1) == 1.0 and table.call(6) == 1.15
+    assert abs(table.call(4) - (1.1 + 2 * 0.05)) < 1e-12  # unmeasured: the shorter measured call plus v per token
+    assert abs(table.call(9) - (1.3 + 2 * 0.05)) < 1e-12
+    assert abs(COST.call(5) - 1.4) < 1e-12  # no table: the line
+
+
+def test_replay_charges_each_call_from_the_table():
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    step = CostModel(verify_cost=0.1, rollback_cost=0.0, call_costs={1: 1.0, 2: 1.2, 5: 1.25})
+    # as in test_copy_of_the_prompt_by_hand: calls over 1, 5 and 2 tokens
+    result = replay_ngram(prompt, prompt, k=4, cost=step)
+    assert abs(result.cost - (1 + 1.25 + 1.2)) < 1e-12

@@ -2,7 +2,7 @@
 
 import statistics
 
-from specdec.bench.runner import BenchConfig, Run, rollback_cost, verify_cost_of_runs
+from specdec.bench.runner import BenchConfig, Run, call_costs_of_runs, rollback_cost
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
 
@@ -29,7 +29,8 @@ def test_verify_cost_pairs_each_call_with_the_target_only_step_at_its_past():
     short = [(p, 1, _step(p, CASE)) for p in range(0, 40)] + [(p, 5, 1.4 * _step(p, CASE)) for p in (50, 60)]
     long = [(p, 1, _step(p, LONG)) for p in (0, 1)] + [(p, 5, 1.4 * _step(p, LONG)) for p in range(20, 95, 5)]
     runs = [_run(CASE, call_log=short), _run(LONG, call_log=long)]
-    v, one = verify_cost_of_runs(runs, baselines)
+    costs, v, one = call_costs_of_runs(runs, baselines, min_samples=2)
+    assert costs == {1: 1.0, 5: 1.4}
     assert abs(v - 0.1) < 1e-9
     assert abs(one - statistics.median(c[2] for b in baselines for c in b.stats.call_log)) < 1e-12
     pooled_one = statistics.median(c[2] for c in short + long if c[1] == 1)
@@ -39,10 +40,20 @@ def test_verify_cost_pairs_each_call_with_the_target_only_step_at_its_past():
 
 def test_verify_cost_needs_pairs():
     baseline = _run(config=BASELINE, call_log=[(p, 1, 0.01) for p in range(10)])
-    assert verify_cost_of_runs([_run(call_log=[(p, 5, 0.014) for p in range(9)])], [baseline]) == (0.0, 0.0)
+    assert call_costs_of_runs([_run(call_log=[(p, 5, 0.014) for p in range(9)])], [baseline]) == ({}, 0.0, 0.0)
     # calls whose past the target-only run never saw (another prompt) are not paired
     other = PromptCase(id="q", group="open", prompt="z", chat=False)
-    assert verify_cost_of_runs([_run(other, call_log=[(p, 1, 0.01) for p in range(9)])], [baseline]) == (0.0, 0.0)
+    assert call_costs_of_runs([_run(other, call_log=[(p, 1, 0.01) for p in range(9)])], [baseline]) == ({}, 0.0, 0.0)
+
+
+def test_call_costs_are_a_table_by_length_never_decreasing():
+    # A step, as MLAS makes on the CPU: 2..3 tokens 1.1, 4 tokens 1.08 (noise), 5 tokens 1.3.
+    baseline = _run(config=BASELINE, call_log=[(p, 1, 0.010) for p in range(60)])
+    factor = {1: 1.0, 2: 1.1, 3: 1.1, 4: 1.08, 5: 1.3}
+    calls = [(p, 1 + p % 5, 0.010 * factor[1 + p % 5]) for p in range(50)]
+    costs, v, _ = call_costs_of_runs([_run(call_log=calls)], [baseline])
+    assert costs == {1: 1.0, 2: 1.1, 3: 1.1, 4: 1.1, 5: 1.3}
+    assert 0.05 < v < 0.1  # one average slope for what lies beyond the table
 
 
 def test_rollback_cost_per_rejection_in_steps():
