@@ -33,7 +33,10 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
         f"measured in this run: a call over n tokens costs t(n) 1-token steps, {_call_costs(meta)} (the "
         "speculative runs' own target calls, each divided by the target-only step at the same past length in "
         "the same prompt and repeat, medians by tokens per call; on average each extra token costs "
-        f"{meta['verify_cost']:.3f}).",
+        f"{meta['verify_cost']:.3f}). "
+        + (f"Before its first run, `auto` timed target calls over 1..(its K cap + 1) tokens once "
+           f"({meta['calibration_seconds']:.1f} s, outside every timed run: the artifact has no t(n) from "
+           "`specdec tune`)." if meta.get("calibration_seconds") else ""),
         "",
         *goals_section(groups, rows, anchors, replays),
         "## By prompt group",

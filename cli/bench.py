@@ -140,6 +140,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         "verify_cost": verify_cost,
         "call_costs": {str(n): t for n, t in call_costs.items()},
         "rollback_cost": cost.rollback_cost,
+        "calibration_seconds": engine.calibration_seconds,
         "versions": _versions(),
     }
     document = {"meta": meta, "groups": groups, "rows": rows, "replay": replays, "anchors": anchor_table,

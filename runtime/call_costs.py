@@ -10,29 +10,39 @@ outputs: extract 1.84x against 1.96x with the table below). Hence a table per n.
 
 from __future__ import annotations
 
+import statistics
 import threading
+from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specdec.runtime.session import ModelSession
 
 
 @dataclass
 class TargetCallCosts:
     """Relative cost t(n) / t(1) of a target call over n tokens, learned from timed calls.
 
-    Each n keeps an EWMA of its call seconds. relative(n) is measured / measured when both
-    n and 1 have `min_calls` calls; else the `prior` table (what `specdec tune` measured);
-    else a least-squares line through the lengths seen so far; else the prior line
-    1 + prior_verify_cost (n - 1). One object can outlive a generation: the curve is a
-    fact of the hardware and the model, not of the prompt.
+    Each n keeps the median of its last `window` call times: one call can be slow for
+    reasons that have nothing to do with n (the OS, the other core), and a mean would
+    carry that into every later choice of K. t(n) is measured / measured when both n and 1
+    have `min_calls` calls; else the `prior` table (what `specdec tune` measured); else a
+    least-squares line through the lengths seen so far; else the prior line
+    1 + prior_verify_cost (n - 1). The table returned is then made non-decreasing in n,
+    since a longer call is never cheaper and a dip is noise that would lure K past the
+    length it dipped at. One object can outlive a generation: the curve is a fact of the
+    hardware and the model, not of the prompt.
     """
 
     prior: dict[int, float] = field(default_factory=dict)  # n -> t(n) / t(1)
     prior_verify_cost: float = 0.0  # v of the prior line, per token beyond the first
-    smoothing: float = 0.1  # EWMA weight of the newest call: single calls are noisy
-    min_calls: int = 3  # calls of a length before its own mean is trusted
-    _seconds: dict[int, float] = field(default_factory=dict)
-    _calls: dict[int, int] = field(default_factory=dict)
-    # An engine's requests share one table from many threads; reading it while another
-    # thread adds a length would break the iteration.
+    window: int = 16  # recent calls per length whose median is its time
+    min_calls: int = 3  # calls of a length before its own median is trusted
+    _recent: dict[int, deque] = field(default_factory=dict)
+    _medians: dict[int, float] = field(default_factory=dict)
+    # An engine's requests share one table from many threads. Under the GIL each step here
+    # is atomic enough; a free-threaded Python would iterate a deque while it grows.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def observe(self, tokens: int, seconds: float) -> None:
@@ -40,37 +50,41 @@ class TargetCallCosts:
         if tokens < 1 or seconds <= 0:
             return
         with self._lock:
-            count = self._calls.get(tokens, 0)
-            old = self._seconds.get(tokens, seconds)
-            # Plain mean for the first few calls, then an EWMA that follows drift.
-            weight = max(self.smoothing, 1.0 / (count + 1))
-            self._seconds[tokens] = old + weight * (seconds - old)
-            self._calls[tokens] = count + 1
+            recent = self._recent.setdefault(tokens, deque(maxlen=self.window))
+            recent.append(seconds)
+            if len(recent) >= self.min_calls:
+                self._medians[tokens] = statistics.median(recent)
+
+    def table(self, max_tokens: int) -> list[float]:
+        """Return [t(0) unused, t(1) = 1, t(2), ..., t(max_tokens)], non-decreasing, in 1-token calls."""
+        with self._lock:
+            trusted = dict(self._medians)
+        line = self._line(trusted)
+        costs, highest = [1.0, 1.0], 1.0
+        for n in range(2, max_tokens + 1):
+            highest = max(highest, self._estimate(n, trusted, line))
+            costs.append(highest)
+        return costs[: max_tokens + 1]
 
     def relative(self, tokens: int) -> float:
-        """Return t(tokens) / t(1), at least 1 (a longer call is never cheaper)."""
-        if tokens <= 1:
-            return 1.0
-        trusted = self._trusted()
-        if 1 in trusted and tokens in trusted:
-            return max(trusted[tokens] / trusted[1], 1.0)
-        if tokens in self.prior:
-            return max(self.prior[tokens], 1.0)
-        line = self._line(trusted)
-        if line is not None:
-            intercept, slope = line
-            one = intercept + slope
-            if one > 0:
-                return max((intercept + slope * tokens) / one, 1.0)
-        return 1.0 + self.prior_verify_cost * (tokens - 1)
+        """Return t(tokens) / t(1), from `table`."""
+        return self.table(max(tokens, 1))[max(tokens, 1)]
 
     def one_token_seconds(self, tokens: int, seconds: float) -> float:
         """Return what a 1-token call would have taken, given a call over `tokens` that took `seconds`."""
         return seconds / self.relative(tokens)
 
-    def _trusted(self) -> dict[int, float]:
-        with self._lock:
-            return {n: s for n, s in self._seconds.items() if self._calls[n] >= self.min_calls}
+    def _estimate(self, n: int, trusted: dict[int, float], line: tuple[float, float] | None) -> float:
+        if 1 in trusted and n in trusted:
+            return trusted[n] / trusted[1]
+        if n in self.prior:
+            return self.prior[n]
+        if line is not None:
+            intercept, slope = line
+            one = intercept + slope
+            if one > 0:
+                return (intercept + slope * n) / one
+        return 1.0 + self.prior_verify_cost * (n - 1)
 
     @staticmethod
     def _line(points: dict[int, float]) -> tuple[float, float] | None:
@@ -89,3 +103,22 @@ def relative_costs_from_step_times(step_seconds: list[float]) -> dict[int, float
     if not step_seconds or step_seconds[0] <= 0:
         return {}
     return {n: seconds / step_seconds[0] for n, seconds in enumerate(step_seconds, start=1)}
+
+
+def step_times(session: ModelSession, context: list[int], max_tokens: int, repeats: int = 5) -> list[float]:
+    """Return the median seconds of one call over n = 1..max_tokens new tokens after `context`.
+
+    Each call is rolled back before the next, so every measurement starts from the same
+    cache; the lengths take turns within each round, so drift of a noisy machine hits all alike.
+    """
+    cache = session.new_cache()
+    session.forward(cache, context)
+    samples: list[list[float]] = [[] for _ in range(max_tokens)]
+    for _ in range(repeats):
+        for n in range(1, max_tokens + 1):
+            tokens = context[-n:] if len(context) >= n else (context * n)[:n]
+            before = cache.run_seconds
+            session.forward(cache, tokens)
+            samples[n - 1].append(cache.run_seconds - before)
+            cache.rollback(len(context))
+    return [statistics.median(times) for times in samples]

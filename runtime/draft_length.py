@@ -60,8 +60,8 @@ class AdaptiveDraftLength:
         if self._probe_next:
             self._probe_next = False
             return min(self.probe_k, self.max_k)
-        k, speedup = best_draft_length(self.alpha, self.cost_ratio, self.max_k,
-                                       call_cost=self.call_costs.relative)
+        costs = self.call_costs.table(self.max_k + 1)
+        k, speedup = best_draft_length(self.alpha, self.cost_ratio, self.max_k, call_cost=costs.__getitem__)
         if k == 0 or speedup < 1.0:
             # This iteration and `cooldown - 1` more are plain; then one probe re-measures alpha.
             self._plain_left = self.cooldown - 1

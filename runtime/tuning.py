@@ -6,35 +6,15 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
-from specdec.runtime.call_costs import relative_costs_from_step_times
+from specdec.runtime.call_costs import relative_costs_from_step_times, step_times
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
-from specdec.runtime.session import ModelSession
 from specdec.runtime.theory import (
     expected_speedup,
     expected_speedup_over_lengths,
     expected_tokens_per_iteration,
     verify_cost_per_token,
 )
-
-
-def step_times(session: ModelSession, context: list[int], max_tokens: int, repeats: int = 5) -> list[float]:
-    """Return the median seconds of one call over n = 1..max_tokens new tokens after `context`.
-
-    Each call is rolled back before the next, so every measurement starts from the same
-    cache; the lengths take turns within each round, so drift of a noisy machine hits all alike.
-    """
-    cache = session.new_cache()
-    session.forward(cache, context)
-    samples: list[list[float]] = [[] for _ in range(max_tokens)]
-    for _ in range(repeats):
-        for n in range(1, max_tokens + 1):
-            tokens = context[-n:] if len(context) >= n else (context * n)[:n]
-            before = cache.run_seconds
-            session.forward(cache, tokens)
-            samples[n - 1].append(cache.run_seconds - before)
-            cache.rollback(len(context))
-    return [statistics.median(times) for times in samples]
 
 
 def expected_speedup_with_verify_curve(alpha: float, k: int, cost_ratio: float, verify_ratio: float) -> float:

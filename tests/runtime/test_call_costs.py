@@ -44,13 +44,20 @@ def test_never_cheaper_than_a_one_token_call():
     assert costs.relative(8) == 1.0  # the line through them slopes down: floored
 
 
-def test_drift_is_followed():
-    costs = TargetCallCosts(smoothing=0.5)
-    feed(costs, 1, 0.010)
-    feed(costs, 2, 0.011)
-    for _ in range(20):  # the machine slows down for 2-token calls
-        costs.observe(2, 0.015)
-    assert costs.relative(2) == pytest.approx(1.5, abs=1e-3)
+def test_drift_is_followed_and_one_slow_call_is_not():
+    costs = TargetCallCosts(window=5)
+    feed(costs, 1, 0.010, times=5)
+    feed(costs, 2, 0.011, times=4)
+    costs.observe(2, 0.050)  # the OS took the core once
+    assert costs.relative(2) == pytest.approx(1.1)
+    feed(costs, 2, 0.015, times=5)  # the machine really slows down for 2-token calls
+    assert costs.relative(2) == pytest.approx(1.5)
+
+
+def test_a_dip_is_noise_the_table_never_decreases():
+    costs = TargetCallCosts(prior={2: 1.1, 3: 1.2, 4: 1.15, 5: 1.3})
+    assert costs.table(5) == pytest.approx([1.0, 1.0, 1.1, 1.2, 1.2, 1.3])
+    assert costs.relative(4) == pytest.approx(1.2)
 
 
 def test_one_token_seconds_takes_the_call_length_out():
@@ -63,35 +70,34 @@ def test_relative_costs_from_step_times():
     assert relative_costs_from_step_times([]) == {}
 
 
-def test_shared_by_threads():
-    # One engine's requests share the table: lengths added by one thread while another reads.
-    import sys
-    import threading
 
-    costs = TargetCallCosts()
-    errors = []
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+def test_auto_times_the_calls_once_per_engine_unless_tuned(tiny_target_only_artifact):
+    from specdec.runtime.engine import Engine, GenerationConfig
 
-    def writer(offset):
-        for n in range(1, 400):
-            costs.observe(offset + n, 0.01 + 0.001 * n)
+    engine = Engine.load(tiny_target_only_artifact, provider="cpu")
+    prompt = "one, two, three, one, two, three, one,"
+    plain = engine.generate(prompt, GenerationConfig(max_new_tokens=12, drafter="none"))
+    fixed = engine.generate(prompt, GenerationConfig(max_new_tokens=12, drafter="ngram", num_draft_tokens=3))
+    assert engine.target_call_costs.prior == {} and engine.calibration_seconds == 0.0  # only auto needs t(n)
+    config = GenerationConfig(max_new_tokens=12, drafter="ngram", num_draft_tokens="auto", max_draft_tokens_auto=5)
+    auto = engine.generate(prompt, config)
+    assert sorted(engine.target_call_costs.prior) == [1, 2, 3, 4, 5, 6] and engine.calibration_seconds > 0
+    assert engine.target_call_costs.prior[1] == 1.0
+    assert auto.token_ids == plain.token_ids == fixed.token_ids  # still exact
+    table, seconds = dict(engine.target_call_costs.prior), engine.calibration_seconds
+    engine.generate(prompt, config)
+    assert engine.target_call_costs.prior == table and engine.calibration_seconds == seconds
 
-    def reader():
-        try:
-            for _ in range(2000):
-                costs.relative(7)
-        except RuntimeError as err:  # "dictionary changed size during iteration"
-            errors.append(err)
 
-    threads = [threading.Thread(target=writer, args=(i * 1000,)) for i in range(3)] + \
-              [threading.Thread(target=reader) for _ in range(3)]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        sys.setswitchinterval(interval)
-    assert not errors
-    assert sum(costs._calls.values()) == 3 * 399
+def test_a_tuned_table_is_not_timed_again(tiny_target_only_artifact, tmp_path):
+    import shutil
+
+    from specdec.models.manifest import update_runtime_defaults
+    from specdec.runtime.engine import Engine, GenerationConfig
+
+    artifact = tmp_path / "art"
+    shutil.copytree(tiny_target_only_artifact, artifact)
+    update_runtime_defaults(artifact, {"target_call_costs": [1.0, 1.1, 1.15]})
+    engine = Engine.load(artifact, provider="cpu")
+    engine.generate("one, two, one, two,", GenerationConfig(max_new_tokens=6, drafter="ngram", num_draft_tokens="auto"))
+    assert engine.target_call_costs.prior == {1: 1.0, 2: 1.1, 3: 1.15} and engine.calibration_seconds == 0.0
