@@ -4,8 +4,9 @@ The paper takes verification of K+1 tokens to cost one step. On real hardware th
 grows with n, and not along a line: on a 2-core CPU, SmolLM2-135M's 2-token call costs
 ~1.09 steps, 3..6 tokens ~1.15-1.18, and 7 tokens jumps to ~1.29 (MLAS packs 6 rows per
 block). A line through those points overrates long drafts and underrates the first extra
-token, so `auto` picked K worse than a fixed K=4 did (replayed on SmolLM2's greedy
-outputs: extract 1.84x against 1.96x with the table below). Hence a table per n.
+token. Replayed on SmolLM2's greedy outputs with the measured t(n), `auto` reached 1.84x
+on extract with a line and 1.96x with a table (fixed K=4: 1.90x); in the live bench the
+difference is inside the run-to-run noise. Hence a table per n.
 """
 
 from __future__ import annotations
