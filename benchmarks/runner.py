@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from specdec.bench.replay import CostModel, replay_ngram
+from specdec.runtime.call_costs import non_decreasing
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
@@ -183,10 +184,7 @@ def call_costs_of_runs(runs: Sequence[Run], baseline_runs: Sequence[Run],
         return {}, 0.0, 0.0
     kept = {n: values for n, values in sorted(ratios.items()) if len(values) >= min_samples}
     medians = {n: statistics.median(values) for n, values in kept.items()}
-    costs, highest = {}, 1.0
-    for n, median in medians.items():
-        highest = max(highest, median / medians[1])
-        costs[n] = highest
+    costs = non_decreasing({n: median / medians[1] for n, median in medians.items()})
     one_token = statistics.median(seconds for table in steps.values() for seconds in table.values())
     verify_cost = verify_cost_from_calls(medians, {n: len(values) for n, values in kept.items()})
     return costs, verify_cost, one_token

@@ -61,11 +61,8 @@ class TargetCallCosts:
         with self._lock:
             trusted = dict(self._medians)
         line = self._line(trusted)
-        costs, highest = [1.0, 1.0], 1.0
-        for n in range(2, max_tokens + 1):
-            highest = max(highest, self._estimate(n, trusted, line))
-            costs.append(highest)
-        return costs[: max_tokens + 1]
+        costs = non_decreasing({1: 1.0, **{n: self._estimate(n, trusted, line) for n in range(2, max_tokens + 1)}})
+        return [1.0] + [costs[n] for n in range(1, max_tokens + 1)]
 
     def relative(self, tokens: int) -> float:
         """Return t(tokens) / t(1), from `table`."""
@@ -97,6 +94,18 @@ class TargetCallCosts:
         spread = sum((n - mean_n) ** 2 for n in points)
         slope = sum((n - mean_n) * (t - mean_t) for n, t in points.items()) / spread
         return mean_t - slope * mean_n, slope
+
+
+def non_decreasing(costs: dict[int, float]) -> dict[int, float]:
+    """Return the costs by call length with each raised to the highest cost of any shorter call.
+
+    A longer call is never cheaper: a dip is timing noise, and it would lure K to the length it dipped at.
+    """
+    lifted, highest = {}, float("-inf")
+    for n in sorted(costs):
+        highest = max(highest, costs[n])
+        lifted[n] = highest
+    return lifted
 
 
 def relative_costs_from_step_times(step_seconds: list[float]) -> dict[int, float]:

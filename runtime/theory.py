@@ -53,11 +53,9 @@ def best_draft_length(alpha: float, cost_ratio: float, max_k: int, verify_cost: 
     call_cost(n): a target call over n tokens in 1-token calls (default: the line
     1 + verify_cost (n - 1)); k drafts cost k c + call_cost(k + 1).
     """
-    if call_cost is None:
-        speedups = [expected_speedup(alpha, k, cost_ratio, verify_cost) for k in range(max_k + 1)]
-    else:
-        speedups = [1.0] + [expected_tokens_per_iteration(alpha, k) / (k * cost_ratio + call_cost(k + 1))
-                            for k in range(1, max_k + 1)]
+    cost_of_call = call_cost or (lambda n: 1.0 + verify_cost * (n - 1))
+    speedups = [1.0] + [expected_tokens_per_iteration(alpha, k) / (k * cost_ratio + cost_of_call(k + 1))
+                        for k in range(1, max_k + 1)]
     best = int(np.argmax(speedups))
     return best, speedups[best]
 
