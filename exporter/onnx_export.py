@@ -32,7 +32,7 @@ class GraphLayout:
 
 
 def export_onnx(export_path: str, output_dir: Path, opset: int | None, device: str, dtype: str,
-                trust_remote_code: bool, quiet: bool = True) -> Path:
+                trust_remote_code: bool, quiet: bool = True, revision: str | None = None) -> Path:
     """Export one decoder with optimum (`text-generation-with-past`); return the model.onnx path.
 
     The graph takes any number of new tokens on top of a past of any length, which the
@@ -57,6 +57,8 @@ def export_onnx(export_path: str, output_dir: Path, opset: int | None, device: s
                 dtype="fp16" if dtype == "fp16" else None,
                 trust_remote_code=trust_remote_code,
                 do_validation=False,
+                # The same hub revision as the PyTorch model that validates the graph.
+                revision=revision or "main",
                 local_files_only=Path(export_path).exists(),
             )
         except Exception as err:

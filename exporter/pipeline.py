@@ -104,8 +104,10 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
                 progress: Progress) -> GraphSpec:
     folder = staging / role
     progress(f"{role}: exporting to ONNX with optimum (text-generation-with-past)")
+    from_hub = not Path(loaded.export_path).exists()
     graph_path = export_onnx(loaded.export_path, folder / "onnx", config.opset, config.device,
-                             config.dtype, config.trust_remote_code)
+                             config.dtype, config.trust_remote_code,
+                             revision=loaded.revision if from_hub else None)
     arch = loaded.architecture
     num_layers = arch.num_layers(loaded.config)
     layout = read_layout(graph_path, num_layers)

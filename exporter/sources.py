@@ -19,7 +19,7 @@ class LoadedSource:
     """A model ready to export: the folder optimum reads, plus the torch model and tokenizer."""
 
     source: str  # what the user passed
-    export_path: str  # local folder or hub id handed to optimum's exporter
+    export_path: str  # local folder (a cached hub snapshot when the hub is unreachable) or hub id for optimum
     model: Any  # transformers PreTrainedModel, fp32, eval mode
     tokenizer: Any  # transformers fast tokenizer
     config: dict[str, Any]
@@ -51,6 +51,37 @@ def _check_local_or_hub(source: str) -> None:
         raise ExportError(f"source '{source}' does not exist (not a folder, GGUF file or hub id)")
 
 
+def _hub_cache_only(source: str, revision: str | None) -> bool:
+    """Return True when a hub id must load from the local cache (hub unreachable or offline mode),
+    False when the hub answers for it.
+
+    One quick metadata request decides, because transformers on its own retries an unreachable
+    hub for about 30 s, printing every retry, before saying a typo'd path does not exist.
+    Raises ExportError for an id the hub does not have, or an unreachable hub with no cached copy.
+    """
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    cached = isinstance(try_to_load_from_cache(source, "config.json", revision=revision), str)
+    if constants.HF_HUB_OFFLINE:
+        if not cached:
+            raise ExportError(f"'{source}' is not a local folder or GGUF file, and not in the hub cache (HF_HUB_OFFLINE is set)")
+        return True
+    try:
+        model_info(source, revision=revision, timeout=10)
+    except RevisionNotFoundError:
+        raise ExportError(f"the hub model '{source}' has no revision '{revision}'") from None
+    except RepositoryNotFoundError:
+        raise ExportError(f"no model '{source}' on the Hugging Face hub, and no such local folder or GGUF file "
+                          "(a private or gated model needs `huggingface-cli login`)") from None
+    except OSError:  # connection refused, DNS failure, timeout: requests' errors are OSErrors
+        if not cached:
+            raise ExportError(f"cannot reach the Hugging Face hub for '{source}', and it is not in the local cache, "
+                              "nor a local folder or GGUF file") from None
+        return True
+    return False
+
+
 def load_source(source: str, workdir: Path, trust_remote_code: bool = False,
                 revision: str | None = None) -> LoadedSource:
     """Return the loaded model behind a hub id, a local folder or a `.gguf` file.
@@ -66,6 +97,14 @@ def load_source(source: str, workdir: Path, trust_remote_code: bool = False,
     if revision:
         kwargs["revision"] = revision
     export_path = source
+    cache_only = not _is_gguf(source) and not Path(source).exists() and _hub_cache_only(source, revision)
+    if cache_only:
+        # Read the cached snapshot as a local folder: optimum's hub lookups fail offline even
+        # with local_files_only.
+        from huggingface_hub import snapshot_download
+
+        export_path = snapshot_download(source, revision=revision, local_files_only=True)
+        kwargs.pop("revision", None)
     try:
         if _is_gguf(source):
             gguf = Path(source).resolve()
@@ -78,10 +117,10 @@ def load_source(source: str, workdir: Path, trust_remote_code: bool = False,
             model.save_pretrained(export_path)
             tokenizer.save_pretrained(export_path)
         else:
-            config = AutoConfig.from_pretrained(source, **kwargs)
+            config = AutoConfig.from_pretrained(export_path, **kwargs)
             architecture_for(config.model_type)
-            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype="float32", **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(export_path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(export_path, dtype="float32", **kwargs)
     except ExportError:
         raise
     except OSError as err:

@@ -67,6 +67,43 @@ def test_missing_source(tmp_path):
     _refused(["--target", str(tmp_path / "nope.gguf"), "--draft", "none"], tmp_path, "does not exist")
 
 
+def test_unreachable_hub_fails_fast_in_one_line(tmp_path, monkeypatch):
+    import huggingface_hub
+    import requests
+
+    def unreachable(*args, **kwargs):
+        raise requests.ConnectionError("Failed to resolve 'huggingface.co'")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    _refused(["--target", "specdec-test/not-cached", "--draft", "none"], tmp_path,
+             "cannot reach the Hugging Face hub for 'specdec-test/not-cached'")
+
+
+def test_hub_id_in_the_cache_exports_without_the_hub(tiny_sources, tmp_path):
+    """A hub id whose files are in the local cache exports with the hub unreachable: transformers
+    and optimum both read the cached snapshot, with no retries."""
+    import os
+    import subprocess
+    import sys
+
+    target, _ = tiny_sources["llama"]
+    repo = tmp_path / "cache" / "models--specdec-test--tiny"
+    commit = "0" * 40
+    shutil.copytree(target, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env.pop("HF_HUB_OFFLINE", None)
+    out = tmp_path / "art"
+    done = subprocess.run([sys.executable, "-m", "specdec.cli.main", "export", "--target", "specdec-test/tiny",
+                           "--draft", "none", "--output", str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Retrying" not in done.stdout + done.stderr
+    assert load_manifest(out).target.source == "specdec-test/tiny"
+
+
 def test_folder_without_config(tmp_path):
     (tmp_path / "empty").mkdir()
     _refused(["--target", str(tmp_path / "empty"), "--draft", "none"], tmp_path, "no config.json")
