@@ -152,6 +152,12 @@ def inspect(artifact, as_json, no_verify) -> None:
 @click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default="auto", show_default=True,
               help="auto: the artifact's draft model if it has one, else prompt lookup (n-gram).")
 @click.option("--no-draft", is_flag=True, help="Plain target-only decoding (same as --drafter none).")
+@click.option("--max-draft-tokens-auto", type=int, default=8, show_default=True,
+              help="Cap on K under '-k auto'.")
+@click.option("--ngram-min", type=int, default=2, show_default=True,
+              help="n-gram drafter: shortest context suffix to look up (1 also drafts after single-token matches).")
+@click.option("--ngram-max", type=int, default=4, show_default=True,
+              help="n-gram drafter: longest context suffix to look up (longer matches are tried first).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template as a user message.")
 @click.option("--stop", "stop_strings", multiple=True, metavar="TEXT", help="Stop when this text appears (repeatable).")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
@@ -161,7 +167,8 @@ def inspect(artifact, as_json, no_verify) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, finish reason, stats).")
 @one_line_errors
 def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, num_draft_tokens, drafter,
-             no_draft, chat, stop_strings, provider, threads, verbose, as_json) -> None:
+             no_draft, max_draft_tokens_auto, ngram_min, ngram_max, chat, stop_strings, provider, threads, verbose,
+             as_json) -> None:
     """Generate a completion of PROMPT with the artifact in ARTIFACT, streaming the text."""
     from specdec.runtime.engine import Engine, GenerationConfig
 
@@ -173,6 +180,9 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
         seed=seed,
         num_draft_tokens=_draft_tokens(num_draft_tokens),
         drafter="none" if no_draft else drafter,
+        max_draft_tokens_auto=max_draft_tokens_auto,
+        ngram_min=ngram_min,
+        ngram_max=ngram_max,
         stop_strings=tuple(stop_strings),
         chat=chat,
     )

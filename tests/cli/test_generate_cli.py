@@ -83,3 +83,37 @@ def test_help_explains_every_option():
         assert result.exit_code == 0
         options = [line.split()[0] for line in result.output.splitlines() if line.strip().startswith("--")]
         assert options
+
+
+def test_every_generation_setting_has_a_flag_with_the_same_default():
+    import dataclasses
+
+    from specdec.runtime.engine import GenerationConfig
+
+    params = {param.name: param for param in main.commands["generate"].params}
+    for field in dataclasses.fields(GenerationConfig):
+        assert field.name in params, f"GenerationConfig.{field.name} has no generate flag"
+        param = params[field.name]
+        default = param.default
+        # K's default is the artifact's (None); stops are a tuple of repeats; flags default off
+        if field.name not in ("num_draft_tokens", "stop_strings") and not getattr(param, "is_flag", False):
+            assert default == field.default, f"--{field.name.replace('_', '-')} defaults to {default}, not {field.default}"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ngram-min", "3", "--ngram-max", "2"], "need 1 <= ngram_min <= ngram_max"),
+    (["--max-draft-tokens-auto", "0"], "max_draft_tokens_auto must be in 1..32"),
+])
+def test_drafter_settings_are_checked(tiny_artifacts, args, message):
+    result = _run("generate", tiny_artifacts["llama"], "hi", *args)
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+
+
+def test_ngram_settings_reach_the_drafter(tiny_target_only_artifact):
+    prompt = "a b c d a b c d a b c d a b"
+    tight = _run("generate", tiny_target_only_artifact, prompt, "--max-new-tokens", 12, "--ngram-min", 4,
+                 "--ngram-max", 4, "-k", 4, "--json")
+    loose = _run("generate", tiny_target_only_artifact, prompt, "--max-new-tokens", 12, "--ngram-min", 1,
+                 "-k", 4, "--json")
+    tight_stats, loose_stats = (json.loads(r.stdout.strip().splitlines()[-1])["stats"] for r in (tight, loose))
+    assert tight_stats["drafted"] < loose_stats["drafted"]
