@@ -19,3 +19,7 @@ class ExportError(SpecdecError):
 
 class GenerationError(SpecdecError):
     """A generation request is invalid (bad sampling settings, prompt too long, ...)."""
+
+
+class MissingDependencyError(SpecdecError, ImportError):
+    """An optional dependency the called feature needs is not installed; says what to install."""

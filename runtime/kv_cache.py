@@ -6,7 +6,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnxruntime as ort
+
+from specdec.runtime.providers import ort
 
 
 class KVSlicer:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-import onnxruntime as ort
+from specdec.models.errors import GenerationError, MissingDependencyError
 
-from specdec.models.errors import GenerationError
+try:
+    import onnxruntime as ort
+except ImportError as err:
+    # onnxruntime is an extra, not a base dependency: onnxruntime and onnxruntime-gpu both
+    # install the `onnxruntime` module, so a base requirement on one would clobber the other.
+    raise MissingDependencyError(
+        "specdec's runtime needs onnxruntime: pip install 'specdec[cpu]', "
+        "or 'specdec[gpu]' (onnxruntime-gpu) on a CUDA machine"
+    ) from err
 
 PROVIDER_CHOICES = ("auto", "cuda", "cpu")
 CUDA = "CUDAExecutionProvider"
@@ -26,7 +34,8 @@ def providers_for(requested: str) -> list[str]:
     if requested == "cuda":
         raise GenerationError(
             "CUDA was requested but this onnxruntime has no CUDAExecutionProvider: "
-            "install onnxruntime-gpu in place of onnxruntime (pip install 'specdec[gpu]'), or use --provider cpu"
+            "replace onnxruntime with onnxruntime-gpu (pip uninstall -y onnxruntime && pip install onnxruntime-gpu), "
+            "or use --provider cpu"
         )
     return [CPU]
 

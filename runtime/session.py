@@ -6,12 +6,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import GraphSpec
 from specdec.runtime.kv_cache import KVCache, KVSlicer
-from specdec.runtime.providers import create_session
+from specdec.runtime.providers import create_session, ort
 
 
 def check_kv_buffer_device(spec: GraphSpec, device: str) -> None:
