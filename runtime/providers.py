@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import threading
+
 from specdec.models.errors import GenerationError, MissingDependencyError
 
 try:
@@ -40,6 +44,34 @@ def providers_for(requested: str) -> list[str]:
     return [CPU]
 
 
+_cuda_libraries = threading.Lock()
+_cuda_libraries_tried = False
+
+
+def load_cuda_libraries() -> bool:
+    """Load the CUDA and cuDNN libraries onnxruntime-gpu needs, once per process; return whether it tried.
+
+    onnxruntime's CUDA provider finds them only on the loader's path, so a box with
+    `pip install 'onnxruntime-gpu[cuda,cudnn]'` and no system CUDA (the edge box without
+    PyTorch, which would otherwise load them) silently falls back to the CPU.
+    `onnxruntime.preload_dlls` (onnxruntime-gpu >= 1.21) loads them from pip's nvidia
+    packages or the default paths. What it prints on failure is dropped: a provider that
+    still cannot load is reported by create_session.
+    """
+    global _cuda_libraries_tried
+    preload = getattr(ort, "preload_dlls", None)
+    with _cuda_libraries:
+        if _cuda_libraries_tried or preload is None:
+            return False
+        _cuda_libraries_tried = True
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                preload()
+            except Exception:  # noqa: BLE001 - best effort; the session check below is what counts
+                pass
+    return True
+
+
 def create_session(path: str, requested: str, threads: int | None = None,
                    spin: bool = True) -> tuple[ort.InferenceSession, str]:
     """Return (session, device) where device is "cuda" or "cpu", as the session really runs.
@@ -61,6 +93,8 @@ def create_session(path: str, requested: str, threads: int | None = None,
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers = providers_for(requested)
+    if CUDA in providers:
+        load_cuda_libraries()
     session = ort.InferenceSession(path, sess_options=options, providers=providers)
     active = session.get_providers()
     if CUDA in providers and (not active or active[0] != CUDA):
