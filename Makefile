@@ -7,7 +7,7 @@ ARTIFACT ?= artifacts/smollm2
 # A grounded prompt: the answer copies from the prompt, which is where prompt-lookup drafting shines.
 PROMPT ?= Rewrite this in simpler words, keeping every fact: The committee approved the budget on Tuesday after a long debate. The new budget increases funding for public libraries by ten percent and for school buses by five percent, and it cuts spending on road repairs.
 
-.PHONY: install test test-fast demo bench bench-quick anchors-genai clean
+.PHONY: install test test-fast demo bench bench-quick anchors-genai device-kit clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# What a lent CUDA machine needs for `specdec.bench.device_check`, in pieces the device tool can
+# carry, and the calls to make (.device/PLAN.md).
+device-kit: $(STAMP)
+	$(BIN)/python -m specdec.bench.device_kit --root .device
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -1,0 +1,42 @@
+"""The CUDA machine's check script, run here on the CPU provider: its checks pass, and can fail."""
+
+import json
+
+from specdec.bench import device_check
+from specdec.runtime.engine import Engine
+
+
+def test_checks_pass_on_the_cpu_for_every_drafter(tiny_artifacts):
+    check = device_check.check_artifact(tiny_artifacts["llama"], "cpu", max_new_tokens=12)
+    assert check.failures == []
+    assert check.target_provider == check.draft_provider == "CPUExecutionProvider"
+    assert check.kv_device.lower() == "cpu"
+    # per prompt: target-only, then n-gram and model drafter at K=4 and auto
+    assert len(check.runs) == len(device_check.PROMPTS) * 5
+    assert all(run["greedy_equals_target_only"] for run in check.runs if run["drafter"] != "none")
+
+
+def test_a_cache_off_the_device_fails(tiny_artifacts, monkeypatch):
+    monkeypatch.setitem(device_check.KV_DEVICE, "cpu", "cuda")  # pretend the cache should be on a GPU
+    check = device_check.check_artifact(tiny_artifacts["llama"], "cpu", max_new_tokens=4)
+    assert check.failures == ["KV cache is on cpu, not cuda"]
+
+
+def test_cuda_without_cuda_fails_with_the_reason(tiny_artifacts, tmp_path, capsys):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        return  # a CUDA build: this machine can run the real check
+    code = device_check.main([str(tiny_artifacts["llama"]), "--provider", "cuda", "--output", str(tmp_path / "r.json")])
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert code == 1 and not report["passed"]
+    assert "CUDA was requested" in report["checks"][0]["failures"][0]
+    assert json.loads(capsys.readouterr().out) == report
+
+
+def test_first_mismatch_reports_the_position_and_the_logit_gap(tiny_artifacts):
+    engine = Engine.load(tiny_artifacts["llama"], provider="cpu")
+    ids = [5, 6, 7, 8]
+    assert device_check._first_mismatch(engine, "hi", ids, list(ids)) is None
+    mismatch = device_check._first_mismatch(engine, "hi", ids, [5, 6, 9, 8])
+    assert mismatch["position"] == 2 and mismatch["top2_logit_gap"] >= 0.0
