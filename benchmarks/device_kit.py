@@ -121,8 +121,11 @@ def build_kit(root: Path, repo: Path) -> list[DeviceCall]:
     calls = plan_calls(root.name if root.parent == repo else str(root), parts, wheel.name, sha256(wheel),
                        specdec_wheel, artifacts)
     (root / "plan.json").write_text(json.dumps([asdict(call) for call in calls], indent=2))
-    lines = ["# Device check plan", "", f"{len(calls)} calls of the device tool, back to back (it stays warm "
-             "about 30 s after each), each with this `carry` and command:", ""]
+    commit = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    lines = ["# Device check plan", "", f"The kit holds specdec as of `{commit}`: rebuild it (`make device-kit`) "
+             "after changing the runtime.", "", f"{len(calls)} calls of the device tool, back to back (it stays "
+             "warm about 30 s after each), each with this `carry` and command:", ""]
     for number, call in enumerate(calls, 1):
         lines += [f"{number}. carry `{json.dumps(call.carry)}`", "", "   ```", f"   {call.command}", "   ```", ""]
     (root / "PLAN.md").write_text("\n".join(lines))
