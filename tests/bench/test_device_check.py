@@ -40,3 +40,18 @@ def test_first_mismatch_reports_the_position_and_the_logit_gap(tiny_artifacts):
     assert device_check._first_mismatch(engine, "hi", ids, list(ids)) is None
     mismatch = device_check._first_mismatch(engine, "hi", ids, [5, 6, 9, 8])
     assert mismatch["position"] == 2 and mismatch["top2_logit_gap"] >= 0.0
+
+
+def test_a_speculative_output_that_parts_away_from_a_near_tie_fails(tiny_artifacts, monkeypatch):
+    real_generate = device_check.Engine.generate
+
+    def off_by_one(self, prompt, config, on_iteration=None):
+        result = real_generate(self, prompt, config, on_iteration)
+        if config.drafter != "none":  # a broken loop: the 3rd token is not the target's argmax
+            result.token_ids[2] = (result.token_ids[2] + 1) % 50
+        return result
+
+    monkeypatch.setattr(device_check.Engine, "generate", off_by_one)
+    check = device_check.check_artifact(tiny_artifacts["llama"], "cpu", max_new_tokens=6, prompts=("one two",))
+    assert len(check.failures) == 4  # n-gram and model drafter, K=4 and auto
+    assert all("at token 2, not a near-tie" in failure for failure in check.failures)
