@@ -46,6 +46,7 @@ def providers_for(requested: str) -> list[str]:
 
 _cuda_libraries = threading.Lock()
 _cuda_libraries_tried = False
+_cuda_failed = False  # a session asked for CUDA and got the CPU: this process cannot load CUDA
 
 
 def load_cuda_libraries() -> bool:
@@ -84,7 +85,8 @@ def create_session(path: str, requested: str, threads: int | None = None,
 
     onnxruntime-gpu lists CUDA as available even where it cannot load it, then silently
     falls back to CPU; so the providers are read back from the session. "auto" accepts the
-    fallback; "cuda" raises GenerationError.
+    fallback, and later "auto" sessions in this process go straight to the CPU; "cuda"
+    raises GenerationError.
     """
     options = ort.SessionOptions()
     if threads:
@@ -92,16 +94,19 @@ def create_session(path: str, requested: str, threads: int | None = None,
     options.log_severity_level = 3  # the CUDA fallback warning is reported by us, once
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    global _cuda_failed
     providers = providers_for(requested)
+    if requested == "auto" and _cuda_failed:
+        providers = [CPU]  # it failed to load once: the next sessions need not fail (and log) again
     if CUDA in providers:
         load_cuda_libraries()
     session = ort.InferenceSession(path, sess_options=options, providers=providers)
-    active = session.get_providers()
-    if CUDA in providers and (not active or active[0] != CUDA):
+    on_cuda = session.get_providers()[0] == CUDA
+    if CUDA in providers and not on_cuda:
+        _cuda_failed = True
         if requested == "cuda":
             raise GenerationError(
                 "CUDA was requested but onnxruntime could not load its CUDA provider "
                 "(check the CUDA/cuDNN libraries match onnxruntime-gpu), or use --provider cpu"
             )
-        session = ort.InferenceSession(path, sess_options=options, providers=[CPU])
-    return session, ("cuda" if session.get_providers()[0] == CUDA else "cpu")
+    return session, ("cuda" if on_cuda else "cpu")
