@@ -38,8 +38,8 @@ def providers_for(requested: str) -> list[str]:
     if requested == "cuda":
         raise GenerationError(
             "CUDA was requested but this onnxruntime has no CUDAExecutionProvider: "
-            "replace onnxruntime with onnxruntime-gpu (pip uninstall -y onnxruntime && pip install 'onnxruntime-gpu[cuda,cudnn]'), "
-            "or use --provider cpu"
+            "replace onnxruntime with onnxruntime-gpu "
+            "(pip uninstall -y onnxruntime && pip install 'onnxruntime-gpu[cuda,cudnn]'), or use --provider cpu"
         )
     return [CPU]
 
