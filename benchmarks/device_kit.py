@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     repo = Path.cwd()
     calls = build_kit(args.root.resolve(), repo.resolve())
     print((args.root / "PLAN.md").read_text())
-    print(f"{len(calls)} calls; each command is {max(len(call.command) for call in calls)} characters at most (limit 2000)")
+    longest = max(len(call.command) for call in calls)
+    print(f"{len(calls)} calls; each command is {longest} characters at most (limit 2000)")
     return 0
 
 

@@ -65,7 +65,8 @@ def _hub_cache_only(source: str, revision: str | None) -> bool:
     cached = isinstance(try_to_load_from_cache(source, "config.json", revision=revision), str)
     if constants.HF_HUB_OFFLINE:
         if not cached:
-            raise ExportError(f"'{source}' is not a local folder or GGUF file, and not in the hub cache (HF_HUB_OFFLINE is set)")
+            raise ExportError(f"'{source}' is not a local folder or GGUF file, and not in the hub cache "
+                              "(HF_HUB_OFFLINE is set)")
         return True
     try:
         model_info(source, revision=revision, timeout=10)
