@@ -80,6 +80,14 @@ def test_unreachable_hub_fails_fast_in_one_line(tmp_path, monkeypatch):
              "cannot reach the Hugging Face hub for 'specdec-test/not-cached'")
 
 
+def test_offline_mode_without_a_cached_copy_is_refused(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    _refused(["--target", "specdec-test/not-cached", "--draft", "none"], tmp_path, "HF_HUB_OFFLINE is set")
+
+
 def test_hub_id_in_the_cache_exports_without_the_hub(tiny_sources, tmp_path):
     """A hub id whose files are in the local cache exports with the hub unreachable: transformers
     and optimum both read the cached snapshot, with no retries."""
