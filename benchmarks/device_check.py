@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.runtime.engine import Engine, GenerationConfig
+from specdec.runtime.providers import CPU, CUDA
 
 PROMPTS = (
     "Copy this list exactly: red, green, blue, red, green, blue, red, green",
@@ -57,7 +58,7 @@ def check_artifact(artifact: Path, provider: str, max_new_tokens: int = 32, refe
     engine = Engine.load(artifact, provider=provider)
     check.target_provider = engine.target.provider
     check.draft_provider = engine.draft.provider if engine.draft else None
-    expected = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}.get(provider)
+    expected = {"cuda": CUDA, "cpu": CPU}.get(provider)
     for role, actual in (("target", check.target_provider), ("draft", check.draft_provider)):
         if expected and actual is not None and actual != expected:
             check.failures.append(f"{role} session runs on {actual}, not {expected}")
@@ -79,7 +80,7 @@ def check_artifact(artifact: Path, provider: str, max_new_tokens: int = 32, refe
                 ids, record = _run(engine, prompt, max_new_tokens, drafter, k)
                 record["greedy_equals_target_only"] = ids == plain_ids
                 check.runs.append(record)
-                mismatch = _first_mismatch(engine, prompt, plain_ids, ids)
+                mismatch = first_mismatch(engine, engine.prompt_ids(prompt), plain_ids, ids)
                 if mismatch is not None:
                     record["first_mismatch"] = mismatch
                     if mismatch["top2_logit_gap"] > NEAR_TIE:
@@ -87,9 +88,9 @@ def check_artifact(artifact: Path, provider: str, max_new_tokens: int = 32, refe
                                               f"at token {mismatch['position']}, not a near-tie")
         if reference_engine is not None:
             reference_ids, _ = _run(reference_engine, prompt, max_new_tokens, "none", None)
-            mismatch = _first_mismatch(reference_engine, prompt, reference_ids, plain_ids)
+            mismatch = first_mismatch(reference_engine, reference_engine.prompt_ids(prompt), reference_ids, plain_ids)
             if mismatch is not None:
-                check.reference_mismatches.append(mismatch)
+                check.reference_mismatches.append({"prompt": prompt[:40], **mismatch})
     return check
 
 
@@ -109,15 +110,15 @@ def _run(engine: Engine, prompt: str, max_new_tokens: int, drafter: str,
     }
 
 
-def _first_mismatch(reference: Engine, prompt: str, expected: list[int], actual: list[int]) -> dict | None:
-    """Return where `actual` first differs from `expected` (which `reference` produced), with
-    the reference's top-2 logit gap there (small: a near-tie that rounding may flip), or None."""
+def first_mismatch(reference: Engine, prompt_ids: list[int], expected: list[int], actual: list[int]) -> dict | None:
+    """Return {"position", "top2_logit_gap"} where `actual` first differs from `expected` (which
+    `reference` produced after `prompt_ids`), the gap being the reference target's top-2 logit
+    gap there (small: a near-tie that rounding may flip); None where they agree."""
     for position, (a, b) in enumerate(zip(expected, actual)):
         if a != b:
             cache = reference.target.new_cache()
-            ids = reference.prompt_ids(prompt) + expected[:position]
-            top2 = np.sort(reference.target.forward(cache, ids)[-1])[-2:]
-            return {"prompt": prompt[:40], "position": position, "top2_logit_gap": float(top2[1] - top2[0])}
+            top2 = np.sort(reference.target.forward(cache, prompt_ids + expected[:position])[-1])[-2:]
+            return {"position": position, "top2_logit_gap": float(top2[1] - top2[0])}
     return None
 
 

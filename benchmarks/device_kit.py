@@ -16,12 +16,13 @@ device-kit`) writes, under `.device/` (git-ignored):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from specdec.models.manifest import sha256_of_file
 
 PART_BYTES = 62 * 2**20  # leaves ~2 MiB of the 64 MiB carry for the working tree itself
 ORT_GPU = "onnxruntime-gpu==1.31.1"  # built for CUDA 13 and cuDNN 9, as the lent machine's image has
@@ -49,15 +50,6 @@ def split_file(path: Path, folder: Path, part_bytes: int = PART_BYTES) -> list[P
             parts.append(part)
             index += 1
     return parts
-
-
-def sha256(path: Path) -> str:
-    """Return the hex sha256 of a file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def plan_calls(root: str, parts: list[Path], wheel_name: str, wheel_sha256: str, specdec_wheel: str,
@@ -118,7 +110,7 @@ def build_kit(root: Path, repo: Path) -> list[DeviceCall]:
     subprocess.run([*pip, "wheel", "--no-deps", "-w", str(kit), str(repo)], check=True)
     specdec_wheel = next(kit.glob("specdec-*.whl")).name
     artifacts = [_export_tiny_pair(kit)]
-    calls = plan_calls(root.name if root.parent == repo else str(root), parts, wheel.name, sha256(wheel),
+    calls = plan_calls(root.name if root.parent == repo else str(root), parts, wheel.name, sha256_of_file(wheel),
                        specdec_wheel, artifacts)
     (root / "plan.json").write_text(json.dumps([asdict(call) for call in calls], indent=2))
     commit = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True,

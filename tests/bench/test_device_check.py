@@ -37,8 +37,8 @@ def test_cuda_without_cuda_fails_with_the_reason(tiny_artifacts, tmp_path, capsy
 def test_first_mismatch_reports_the_position_and_the_logit_gap(tiny_artifacts):
     engine = Engine.load(tiny_artifacts["llama"], provider="cpu")
     ids = [5, 6, 7, 8]
-    assert device_check._first_mismatch(engine, "hi", ids, list(ids)) is None
-    mismatch = device_check._first_mismatch(engine, "hi", ids, [5, 6, 9, 8])
+    assert device_check.first_mismatch(engine, engine.prompt_ids("hi"), ids, list(ids)) is None
+    mismatch = device_check.first_mismatch(engine, engine.prompt_ids("hi"), ids, [5, 6, 9, 8])
     assert mismatch["position"] == 2 and mismatch["top2_logit_gap"] >= 0.0
 
 

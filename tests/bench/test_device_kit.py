@@ -2,7 +2,8 @@
 
 import hashlib
 
-from specdec.bench.device_kit import PART_BYTES, plan_calls, sha256, split_file
+from specdec.bench.device_kit import PART_BYTES, plan_calls, split_file
+from specdec.models.manifest import sha256_of_file as sha256
 
 
 def test_pieces_rejoin_in_glob_order(tmp_path):

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from specdec.bench.device_check import first_mismatch
 from specdec.runtime.engine import Engine, GenerationConfig
 
 
@@ -14,14 +13,11 @@ def near_tie_mismatches(engine: Engine, prompt_ids: list[int], reference: list[i
     Raises AssertionError if the first difference is not at a near-tie of the target's
     top two logits (gap <= `tie`): only there may rounding legitimately flip argmax.
     """
-    for position, (a, b) in enumerate(zip(reference, other)):
-        if a != b:
-            cache = engine.target.new_cache()
-            logits = engine.target.forward(cache, prompt_ids + reference[:position])[-1]
-            top2 = np.sort(logits)[-2:]
-            gap = float(top2[1] - top2[0])
-            assert gap <= tie, f"mismatch at position {position} with top-2 logit gap {gap:.3g} > {tie}"
-            return [(position, gap)]
+    mismatch = first_mismatch(engine, prompt_ids, reference, other)
+    if mismatch is not None:
+        position, gap = mismatch["position"], mismatch["top2_logit_gap"]
+        assert gap <= tie, f"mismatch at position {position} with top-2 logit gap {gap:.3g} > {tie}"
+        return [(position, gap)]
     assert len(reference) == len(other) or reference[-1] in engine.eos_token_ids or other[-1] in engine.eos_token_ids
     return []
 
