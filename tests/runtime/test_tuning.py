@@ -39,7 +39,11 @@ def test_tune_stores_k_that_the_runtime_then_uses(tiny_artifacts, tmp_path):
     assert len(stored["target_call_costs"]) == 4 and stored["target_call_costs"][0] == 1.0
     engine = Engine.load(artifact, provider="cpu")
     assert engine.target_call_costs.prior == {n: r for n, r in enumerate(stored["target_call_costs"], start=1)}
-    assert engine.target_call_costs.relative(3) == stored["target_call_costs"][2]
+    # On a noisy machine a measured t(n) can dip below a shorter call's; the runtime lifts
+    # each to the running maximum, so that is what it must report.
+    stored_costs = stored["target_call_costs"]
+    for n in range(1, 5):
+        assert engine.target_call_costs.relative(n) == max(stored_costs[:n])
     stats = engine.generate("Hello", GenerationConfig(max_new_tokens=6)).stats
     assert stats.num_draft_tokens == str(stored["num_draft_tokens"]) and stats.drafter == "model"
 
