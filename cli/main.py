@@ -162,7 +162,8 @@ def inspect(artifact, as_json, no_verify) -> None:
 @click.option("--stop", "stop_strings", multiple=True, metavar="TEXT", help="Stop when this text appears (repeatable).")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="onnxruntime execution provider; auto uses CUDA when onnxruntime-gpu can load it.")
-@click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--verbose", "-v", is_flag=True, help="Show each iteration's drafted and accepted tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, finish reason, stats).")
 @one_line_errors
@@ -239,7 +240,8 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
 @click.option("--no-save", is_flag=True, help="Do not store the recommended K in the artifact.")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="onnxruntime execution provider.")
-@click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @one_line_errors
 def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, repeats, no_measure, plot, no_plot, no_save, provider,

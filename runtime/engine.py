@@ -134,6 +134,8 @@ class Engine:
         provider: "auto" (CUDA when usable, else CPU), "cuda" or "cpu". check_files
         verifies every file's sha256 first. Raises ArtifactError/ManifestError/GenerationError.
         """
+        if threads is not None and threads < 1:
+            raise GenerationError(f"threads must be >= 1 (None: all cores), got {threads}")
         folder = Path(artifact_dir)
         return cls(folder, load_manifest(folder, check_files=check_files), provider, threads)
 

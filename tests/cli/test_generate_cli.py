@@ -45,12 +45,21 @@ def test_generate_chat_and_auto(tiny_artifacts):
     (["-k", "0"], "must be >= 1"),
     (["-k", "many"], "integer >= 1 or 'auto'"),
     (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["--threads", "0"], "0 is not in the range x>=1"),
 ])
 def test_bad_settings_are_one_line_errors(tiny_artifacts, args, message):
     result = _run("generate", tiny_artifacts["llama"], "hi", *args)
     assert result.exit_code != 0
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_engine_refuses_a_thread_count_below_one(tiny_artifacts):
+    from specdec.models.errors import GenerationError
+    from specdec.runtime.engine import Engine
+
+    with pytest.raises(GenerationError, match="threads must be >= 1"):
+        Engine.load(tiny_artifacts["llama"], provider="cpu", threads=-1)
 
 
 def test_prompt_too_long(tiny_artifacts):
