@@ -152,8 +152,8 @@ def inspect(artifact, as_json, no_verify) -> None:
 @click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default="auto", show_default=True,
               help="auto: the artifact's draft model if it has one, else prompt lookup (n-gram).")
 @click.option("--no-draft", is_flag=True, help="Plain target-only decoding (same as --drafter none).")
-@click.option("--max-draft-tokens-auto", type=int, default=8, show_default=True,
-              help="Cap on K under '-k auto'.")
+@click.option("--max-draft-tokens-auto", type=int, default=16, show_default=True,
+              help="Cap on K under '-k auto' (1..32; auto times target calls up to cap + 1 tokens once).")
 @click.option("--ngram-min", type=int, default=2, show_default=True,
               help="n-gram drafter: shortest context suffix to look up (1 also drafts after single-token matches).")
 @click.option("--ngram-max", type=int, default=4, show_default=True,

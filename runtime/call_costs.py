@@ -29,8 +29,8 @@ class TargetCallCosts:
     reasons that have nothing to do with n (the OS, the other core), and a mean would
     carry that into every later choice of K. t(n) is measured / measured when both n and 1
     have `min_calls` calls; else the `prior` table (what `specdec tune` measured); else a
-    least-squares line through the lengths seen so far; else the prior line
-    1 + prior_verify_cost (n - 1). The table returned is then made non-decreasing in n,
+    least-squares line through the lengths seen so far; else one through the prior table;
+    else the prior line 1 + prior_verify_cost (n - 1). The table returned is then made non-decreasing in n,
     since a longer call is never cheaper and a dip is noise that would lure K past the
     length it dipped at. One object can outlive a generation: the curve is a fact of the
     hardware and the model, not of the prompt.
@@ -77,11 +77,16 @@ class TargetCallCosts:
             return trusted[n] / trusted[1]
         if n in self.prior:
             return self.prior[n]
-        if line is not None:
-            intercept, slope = line
-            one = intercept + slope
-            if one > 0:
-                return (intercept + slope * n) / one
+        # Beyond the lengths measured, extrapolate: from this run's timings, else from the
+        # prior table (a tuned or calibrated table stops at its K cap + 1, and a cap raised
+        # later must not read every longer call as free).
+        prior_line = self._line({1: 1.0, **self.prior}) if self.prior else None
+        for fitted in (line, prior_line):
+            if fitted is not None:
+                intercept, slope = fitted
+                one = intercept + slope
+                if one > 0:
+                    return (intercept + slope * n) / one
         return 1.0 + self.prior_verify_cost * (n - 1)
 
     @staticmethod

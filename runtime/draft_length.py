@@ -39,7 +39,7 @@ class AdaptiveDraftLength:
     plainly for `cooldown` iterations, then probes with `probe_k`.
     """
 
-    max_k: int = 8  # cap on K
+    max_k: int = 16  # cap on K (GenerationConfig.max_draft_tokens_auto says why 16)
     smoothing: float = 0.3  # EWMA weight of the newest iteration
     alpha: float = 0.5  # starting guess, worth `prior_tests` acceptance tests
     prior_tests: float = 2.0

@@ -35,6 +35,15 @@ def test_unmeasured_lengths_use_the_prior_table_then_a_line_then_the_prior_line(
     assert costs.relative(6) == pytest.approx(20 / 10)
 
 
+def test_lengths_beyond_the_prior_table_follow_its_line():
+    # A table tuned up to 5 tokens, then a cap raised to 9: t(9) must not read as t(5).
+    costs = TargetCallCosts(prior={1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15, 5: 1.2})
+    assert costs.relative(9) == pytest.approx(1.4)
+    feed(costs, 1, 0.010)
+    feed(costs, 2, 0.013)  # this run's own timings, once there, take over: 7 ms + 3 ms n
+    assert costs.relative(9) == pytest.approx(34 / 10)
+
+
 def test_never_cheaper_than_a_one_token_call():
     costs = TargetCallCosts(prior={2: 0.9})
     assert costs.relative(2) == 1.0
