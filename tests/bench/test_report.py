@@ -1,0 +1,18 @@
+from specdec.bench.report import goals_section
+
+
+def _group(group, config, speedup, share):
+    return {"group": group, "config": config, "speedup": speedup, "share_of_theory": share,
+            "share_of_theory_verify": share}
+
+
+def test_a_goal_figure_just_below_its_threshold_never_reads_as_met():
+    groups = [_group("grounded", "ngram auto", 1.9999, 0.8499), _group("grounded", "ngram K=4", 2.0, 0.85)]
+    rows = [{"config": "ngram auto", "group": "open", "speedup": 0.94999, "prompt": "ideas"}]
+    anchors = [{"system": "onnxruntime-genai greedy", "group": "open", "ratio": 0.8999}]
+    text = "\n".join(goals_section(groups, rows, anchors))
+    assert "| grounded | 84.9% / 84.9% | no / no |" in text
+    assert "| grounded | 85.0% / 85.0% | yes / yes |" in text
+    assert "| grounded | 1.99x | no |" in text and "| grounded | 2.00x | yes |" in text
+    assert "| open | min 0.94x (ideas) | no |" in text
+    assert "| open | 0.89x | no |" in text
