@@ -59,3 +59,13 @@ def test_step_time_table(tiny_artifacts, tiny_target_only_artifact, tmp_path):
     assert "5 / 1" in table
     bad = CliRunner().invoke(main, ["bench", str(tiny_artifacts["llama"]), "--steps", "--compare", "nopath"])
     assert bad.exit_code != 0 and "NAME=ARTIFACT" in bad.output
+
+
+def test_held_out_prompt_set_loads_and_shares_no_prompt_with_the_bench_set():
+    from pathlib import Path
+
+    heldout = load_prompts(Path(__file__).parents[2] / "benchmarks" / "prompts-heldout.jsonl")
+    bench = load_prompts(PROMPTS_FILE)
+    assert {p.group for p in heldout} == {"grounded", "open"} and len(heldout) == 12
+    assert not {p.id for p in heldout} & {p.id for p in bench}
+    assert not {p.prompt for p in heldout} & {p.prompt for p in bench}
