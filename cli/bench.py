@@ -62,7 +62,8 @@ def _versions() -> dict[str, str]:
               help="Also write the Markdown report to this file (e.g. benchmarks/RESULTS.md).")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="onnxruntime execution provider.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Threads for onnxruntime and torch (default: all cores).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads for onnxruntime and torch (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the Markdown table.")
 @click.option("--no-plot", is_flag=True, help="Write no PNG.")
 @click.option("--steps", is_flag=True,

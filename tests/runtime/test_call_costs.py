@@ -26,12 +26,13 @@ def test_a_length_needs_min_calls_before_it_is_trusted():
 
 
 def test_unmeasured_lengths_use_the_prior_table_then_a_line_then_the_prior_line():
-    costs = TargetCallCosts(prior={3: 1.2}, prior_verify_cost=0.1)
-    assert costs.relative(3) == pytest.approx(1.2)
-    assert costs.relative(4) == pytest.approx(1.3)  # prior line 1 + 0.1 * 3
+    assert TargetCallCosts(prior_verify_cost=0.1).relative(4) == pytest.approx(1.3)  # prior line 1 + 0.1 * 3
+    costs = TargetCallCosts(prior={3: 1.4}, prior_verify_cost=0.1)
+    assert costs.relative(3) == pytest.approx(1.4)
+    assert costs.relative(4) == pytest.approx(1.6)  # the table's line through (1, 1) and (3, 1.4) beats v
     feed(costs, 1, 0.010)
     feed(costs, 2, 0.012)  # measured line: t(n) = 8 ms + 2 ms n
-    assert costs.relative(3) == pytest.approx(1.2)  # the prior table still wins over a guess
+    assert costs.relative(3) == pytest.approx(1.4)  # the prior table still wins over a guess
     assert costs.relative(6) == pytest.approx(20 / 10)
 
 
