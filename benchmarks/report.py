@@ -22,6 +22,13 @@ def _goal_ratio(x: float) -> str:
     return f"{math.floor(x * 100) / 100:.2f}x"
 
 
+def _prompt_set_name(meta: dict) -> str:
+    """Return "v1" for the shipped, versioned prompt set, else the prompt file's name."""
+    if meta.get("prompt_set_version") is not None:
+        return f"v{meta['prompt_set_version']}"
+    return meta.get("prompt_set_file", "custom")
+
+
 def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], anchors: Sequence[dict],
                     replays: Sequence[dict] = ()) -> str:
     """Return the whole report as Markdown."""
@@ -32,12 +39,12 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
         f"- machine: {meta['machine']}",
         f"- command: `{meta['command']}`",
         f"- artifact: {meta['artifact']} (target {meta['target']}, draft {meta['draft']})",
-        f"- prompt set: v{meta['prompt_set_version']} ({meta['prompts']} prompts, sha256 {meta['prompt_set_sha256'][:12]}), "
+        f"- prompt set: {_prompt_set_name(meta)} ({meta['prompts']} prompts, sha256 {meta['prompt_set_sha256'][:12]}), "
         f"greedy, max_new_tokens {meta['max_new_tokens']}, {meta['repeats']} repeats, configurations alternate "
         "within each prompt and repeat; figures are medians over repeats",
         f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
         "- target step times (1/5/8 new tokens at past 64/256/1024, specdec vs plain optimum vs "
-        "onnxruntime-genai graphs): [STEPS.md](STEPS.md), written by the same `make bench`",
+        "onnxruntime-genai graphs): [STEPS.md](STEPS.md), written by `make bench`",
         "",
         "Speedup = decode tokens/s over target-only decode tokens/s of the same prompt in the same repeat "
         "(prefill excluded). Theory = Theorem 3.8 from each run's measured alpha, c and the K each iteration "

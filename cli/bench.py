@@ -132,7 +132,9 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         "artifact": str(artifact),
         "target": engine.manifest.target.source.split("/")[-1],
         "draft": engine.manifest.draft.source.split("/")[-1] if engine.manifest.draft else "none (n-gram drafting)",
-        "prompt_set_version": PROMPT_SET_VERSION,
+        # A version names the shipped set only; any other file is known by its name and hash.
+        "prompt_set_version": PROMPT_SET_VERSION if prompt_path == PROMPTS_FILE else None,
+        "prompt_set_file": prompt_path.name,
         "prompt_set_sha256": sha256_of_file(prompt_path),
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,

@@ -1,4 +1,4 @@
-from specdec.bench.report import goals_section
+from specdec.bench.report import _prompt_set_name, goals_section
 
 
 def _group(group, config, speedup, share):
@@ -16,3 +16,8 @@ def test_a_goal_figure_just_below_its_threshold_never_reads_as_met():
     assert "| grounded | 1.99x | no |" in text and "| grounded | 2.00x | yes |" in text
     assert "| open | min 0.94x (ideas) | no |" in text
     assert "| open | 0.89x | no |" in text
+
+
+def test_prompt_set_name():
+    assert _prompt_set_name({"prompt_set_version": 1, "prompt_set_file": "prompts.jsonl"}) == "v1"
+    assert _prompt_set_name({"prompt_set_version": None, "prompt_set_file": "mine.jsonl"}) == "mine.jsonl"
