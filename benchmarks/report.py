@@ -14,12 +14,12 @@ def _pct(x: float) -> str:
 def _goal_pct(x: float) -> str:
     """Return x as a percentage with one decimal, rounded down: a goal figure never reads as met
     when it is not (0.8499 shows 84.9%, not 85%)."""
-    return f"{math.floor(x * 1000) / 10:.1f}%"
+    return f"{math.floor(x * 1000 + 1e-9) / 10:.1f}%"  # 1e-9: 0.29 * 1000 is 289.99...
 
 
 def _goal_ratio(x: float) -> str:
     """Return x as "1.99x", rounded down for the same reason as _goal_pct."""
-    return f"{math.floor(x * 100) / 100:.2f}x"
+    return f"{math.floor(x * 100 + 1e-9) / 100:.2f}x"
 
 
 def _prompt_set_name(meta: dict) -> str:

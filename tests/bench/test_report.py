@@ -16,6 +16,10 @@ def test_a_goal_figure_just_below_its_threshold_never_reads_as_met():
     assert "| grounded | 1.99x | no |" in text and "| grounded | 2.00x | yes |" in text
     assert "| open | min 0.94x (ideas) | no |" in text
     assert "| open | 0.89x | no |" in text
+    # Float error must not round an exact figure down: 0.29 * 100 is 28.999999999999996.
+    exact = goals_section([_group("open", "ngram K=4", 1.0, 0.29)], [], [{"system": "onnxruntime-genai greedy",
+                                                                        "group": "open", "ratio": 0.29}])
+    assert "| open | 29.0% / 29.0% |" in "\n".join(exact) and "| open | 0.29x | no |" in "\n".join(exact)
 
 
 def test_prompt_set_name():
