@@ -14,7 +14,7 @@ def _pct(x: float) -> str:
 def _goal_pct(x: float) -> str:
     """Return x as a percentage with one decimal, rounded down: a goal figure never reads as met
     when it is not (0.8499 shows 84.9%, not 85%)."""
-    return f"{math.floor(x * 1000 + 1e-9) / 10:.1f}%"  # 1e-9: 0.29 * 1000 is 289.99...
+    return f"{math.floor(x * 1000 + 1e-9) / 10:.1f}%"  # 1e-9: float error (0.29 * 100 is 28.99...)
 
 
 def _goal_ratio(x: float) -> str:
