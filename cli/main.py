@@ -228,11 +228,12 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
               help="JSON-lines prompt set ({\"prompt\": ..., \"chat\": true}); default: two built-in prompts.")
 @click.option("--drafter", type=click.Choice(["auto", "model", "ngram"]), default="auto", show_default=True,
               help="Drafter to tune; auto: the draft model if the artifact has one, else n-gram.")
-@click.option("--max-k", type=click.IntRange(1, 32), default=16, show_default=True, help="Largest K to measure.")
+@click.option("--max-k", type=click.IntRange(1, 32), default=16, show_default=True,
+              help="Largest K to measure; also auto's cap while it is measured.")
 @click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True,
               help="Tokens generated per prompt and run.")
 @click.option("--repeats", type=click.IntRange(1, 20), default=1, show_default=True,
-              help="Runs per prompt and K; the measured speedup is the median of per-run ratios.")
+              help="Runs per prompt and K; the measured speedup pools decode tokens/s over all of them.")
 @click.option("--no-measure", is_flag=True, help="Only time the calls and estimate alpha; skip the K sweep.")
 @click.option("--plot", type=click.Path(path_type=Path), default=Path("tune.png"), show_default=True,
               help="Where to write the PNG of expected vs measured speedup.")
@@ -246,7 +247,7 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
 @one_line_errors
 def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, repeats, no_measure, plot, no_plot, no_save, provider,
          threads, as_json) -> None:
-    """Measure c and alpha, compare expected and measured speedup for K = 1..max-k, store the best K."""
+    """Measure c and alpha, compare expected and measured speedup for K = 1..max-k and auto, store the best."""
     from specdec.models.manifest import update_runtime_defaults
     from specdec.runtime.engine import Engine
     from specdec.runtime.prompts import DEFAULT_PROMPTS, load_prompts

@@ -29,7 +29,13 @@ def plot_tune(report, path: Path) -> Path:
     if measured:
         ax.plot(*zip(*measured), "-s", ms=4, label="measured")
     ax.axhline(1.0, color="black", lw=0.6)
-    ax.axvline(report.recommended_k, color="tab:green", lw=0.8, ls=":", label=f"recommended K={report.recommended_k}")
+    if report.auto_measured is not None:
+        label = f"measured auto (cap {len(report.rows)})"
+        if report.recommended_k == "auto":
+            label += ", recommended"
+        ax.axhline(report.auto_measured, color="tab:purple", lw=0.9, ls="-.", label=label)
+    if report.recommended_k != "auto":
+        ax.axvline(report.recommended_k, color="tab:green", lw=0.8, ls=":", label=f"recommended K={report.recommended_k}")
     ax.set_xlabel("draft tokens per target call (K)")
     ax.set_ylabel("speedup over target-only")
     ax.set_title(f"{report.drafter} drafter: alpha={report.alpha:.2f}, c={report.cost_ratio:.3f}")

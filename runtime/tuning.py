@@ -47,7 +47,9 @@ class TuneReport:
     draft_step_seconds: float
     baseline_tokens_per_second: float
     rows: list[TuneRow] = field(default_factory=list)
-    recommended_k: int = 1
+    recommended_k: int | str = 1  # the best measured K, or "auto" when auto measured better still
+    auto_measured: float | None = None  # `-k auto` (capped at max_k) measured like each fixed K
+    auto_alpha: float | None = None
 
     @property
     def call_costs(self) -> list[float]:
@@ -80,7 +82,21 @@ class _Measured:
         return self.accepted / self.tests if self.tests else 0.0
 
 
-def _measure_k(engine: Engine, prompts: Sequence[PromptCase], base: GenerationConfig, k: int,
+def recommend(rows: Sequence[TuneRow], auto_measured: float | None, by_measurement: bool) -> int | str:
+    """Return the K to store: the row with the best measured (else expected) speedup, or "auto"
+    when auto's measured speedup beats every fixed K's.
+
+    Auto has to beat the best of max_k noisy fixed-K measurements, a maximum that noise
+    lifts, so a tie goes to the fixed K, whose output is also reproducible under sampling.
+    """
+    score = (lambda row: row.measured) if by_measurement else (lambda row: row.expected)
+    best = max(rows, key=score)
+    if by_measurement and auto_measured is not None and auto_measured > best.measured:
+        return "auto"
+    return best.k
+
+
+def _measure_k(engine: Engine, prompts: Sequence[PromptCase], base: GenerationConfig, k: int | str,
                repeats: int) -> _Measured:
     seconds = {True: 0.0, False: 0.0}
     tokens = {True: 0, False: 0}
@@ -152,8 +168,13 @@ def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int
             measured=m.speedup if m else None,
             alpha_measured=a if m else None,
         ))
-    score = (lambda row: row.measured) if measure else (lambda row: row.expected)
-    report.recommended_k = max(report.rows, key=score).k
+    if measure:
+        # auto reads t(n) from the table this run measured, which is what gets stored.
+        engine.target_call_costs.prior = relative_costs_from_step_times(target_times)
+        progress(f"measuring K=auto (cap {max_k}) against target-only")
+        auto = _measure_k(engine, prompts, replace(base, max_draft_tokens_auto=max_k), "auto", repeats)
+        report.auto_measured, report.auto_alpha = auto.speedup, auto.alpha
+    report.recommended_k = recommend(report.rows, report.auto_measured, measure)
     return report
 
 
@@ -172,4 +193,8 @@ def format_table(report: TuneReport) -> str:
         alpha = f"{row.alpha_measured:.2f}" if row.alpha_measured is not None else "-"
         marker = " **recommended**" if row.k == report.recommended_k else ""
         lines.append(f"| {row.k}{marker} | {alpha} | {row.expected_paper:.2f}x | {row.expected:.2f}x | {measured} |")
+    if report.auto_measured is not None:
+        marker = " **recommended**" if report.recommended_k == "auto" else ""
+        lines.append(f"| auto (cap {len(report.rows)}){marker} | {report.auto_alpha:.2f} | - | - | "
+                     f"{report.auto_measured:.2f}x |")
     return "\n".join(lines)

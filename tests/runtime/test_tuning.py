@@ -8,7 +8,7 @@ from specdec.cli.main import main
 from specdec.models.manifest import load_manifest
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import load_prompts
-from specdec.runtime.tuning import TuneReport, expected_speedup_with_verify_curve
+from specdec.runtime.tuning import TuneReport, TuneRow, expected_speedup_with_verify_curve, recommend
 
 
 def test_expected_speedup_with_verify_curve():
@@ -22,6 +22,16 @@ def test_verify_cost_fit():
     assert report.verify_cost == pytest.approx(0.1)
 
 
+def test_recommend_takes_auto_only_when_it_beats_every_fixed_k():
+    rows = [TuneRow(k, expected_paper=2.0, expected=e, measured=m)
+            for k, e, m in ((1, 1.4, 1.1), (2, 1.2, 1.3), (3, 1.3, 1.2))]
+    assert recommend(rows, None, by_measurement=True) == 2
+    assert recommend(rows, 1.25, by_measurement=True) == 2
+    assert recommend(rows, 1.3, by_measurement=True) == 2  # a tie keeps the reproducible fixed K
+    assert recommend(rows, 1.31, by_measurement=True) == "auto"
+    assert recommend(rows, 9.0, by_measurement=False) == 1  # no sweep measured: best expected, auto unmeasured
+
+
 def test_tune_stores_k_that_the_runtime_then_uses(tiny_artifacts, tmp_path):
     artifact = tmp_path / "art"
     shutil.copytree(tiny_artifacts["llama"], artifact)
@@ -31,10 +41,10 @@ def test_tune_stores_k_that_the_runtime_then_uses(tiny_artifacts, tmp_path):
                                        "--max-new-tokens", "8", "--plot", str(tmp_path / "tune.png"),
                                        "--provider", "cpu"])
     assert result.exit_code == 0, result.output
-    assert "| K |" in result.output and "recommended K" in result.output
+    assert "| K |" in result.output and "recommended K" in result.output and "| auto (cap 3)" in result.output
     assert (tmp_path / "tune.png").stat().st_size > 1000
     stored = load_manifest(artifact).runtime_defaults
-    assert 1 <= stored["num_draft_tokens"] <= 3 and stored["drafter"] == "model"
+    assert stored["num_draft_tokens"] in (1, 2, 3, "auto") and stored["drafter"] == "model"
     # The measured call-cost curve, n = 1..max_k + 1, is what `auto` starts from.
     assert len(stored["target_call_costs"]) == 4 and stored["target_call_costs"][0] == 1.0
     engine = Engine.load(artifact, provider="cpu")
