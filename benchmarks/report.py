@@ -29,6 +29,20 @@ def _prompt_set_name(meta: dict) -> str:
     return meta.get("prompt_set_file", "custom")
 
 
+def _auto_table_origin(meta: dict) -> str:
+    """Return the sentence saying where `auto`'s t(n) table came from in this run."""
+    if meta.get("call_costs_source") == "cache":
+        return ("Before its first run, `auto` read t(n) over 1..(its K cap + 1) tokens from the call-cost cache, "
+                "timed by an earlier process on this machine (the artifact has no t(n) from `specdec tune`).")
+    if meta.get("call_costs_source") == "tune":
+        return "`auto` read t(n) from the artifact (`specdec tune`)."
+    if meta.get("calibration_seconds"):
+        return (f"Before its first run, `auto` timed target calls over 1..(its K cap + 1) tokens once "
+                f"({meta['calibration_seconds']:.1f} s, outside every timed run: the artifact has no t(n) from "
+                "`specdec tune`).")
+    return ""
+
+
 def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], anchors: Sequence[dict],
                     replays: Sequence[dict] = ()) -> str:
     """Return the whole report as Markdown."""
@@ -53,9 +67,7 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
         "speculative runs' own target calls, each divided by the target-only step at the same past length in "
         "the same prompt and repeat, medians by tokens per call; on average each extra token costs "
         f"{meta['verify_cost']:.3f}). "
-        + (f"Before its first run, `auto` timed target calls over 1..(its K cap + 1) tokens once "
-           f"({meta['calibration_seconds']:.1f} s, outside every timed run: the artifact has no t(n) from "
-           "`specdec tune`)." if meta.get("calibration_seconds") else ""),
+        + _auto_table_origin(meta),
         "",
         *goals_section(groups, rows, anchors, replays),
         "## By prompt group",

@@ -144,6 +144,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         "call_costs": {str(n): t for n, t in call_costs.items()},
         "rollback_cost": cost.rollback_cost,
         "calibration_seconds": engine.calibration_seconds,
+        "call_costs_source": engine.call_costs_source,
         "versions": _versions(),
     }
     document = {"meta": meta, "groups": groups, "rows": rows, "replay": replays, "anchors": anchor_table,

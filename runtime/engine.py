@@ -12,10 +12,12 @@ import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import Manifest, load_manifest
+from specdec.runtime.call_cost_cache import cache_key, load_call_costs, save_call_costs
 from specdec.runtime.call_costs import TargetCallCosts, relative_costs_from_step_times, step_times
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec.runtime.loop import MAX_DRAFT_ROOM, Iteration, decode
+from specdec.runtime.providers import ort
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.session import ModelSession
 from specdec.runtime.stats import GenerationStats
@@ -128,6 +130,11 @@ class Engine:
             prior_verify_cost=float(defaults.get("verify_cost", 0.0)),
         )
         self.calibration_seconds = 0.0  # spent timing target calls for `auto` (once per engine)
+        # Where t(n) came from: "tune" (the artifact), "cache" (an earlier process on this
+        # machine), "timed" (this engine), None (not needed yet).
+        self.call_costs_source: str | None = "tune" if self.target_call_costs.prior else None
+        self._call_cost_key = cache_key(manifest.target.sha256.get(manifest.target.graph_file, ""),
+                                        self.target.device, threads, ort.__version__)
         self._calibration_lock = threading.Lock()
 
     @classmethod
@@ -210,15 +217,22 @@ class Engine:
         Learned online alone, the table starts empty and `auto` guesses unseen lengths from a
         line until it has timed them: in a replay of SmolLM2's greedy outputs with noisy
         timings that cost 2-8% (summarize 1.18x vs 1.20x-1.21x, extract 1.90x vs 1.95x).
-        Timing 3 rounds of every length after the prompt takes ~1 s on a 2-core CPU, once.
+        Timing 3 rounds of every length after the prompt takes ~1.6 s on a 2-core CPU (cap
+        16), once per machine: the table is kept in the call-cost cache for later processes.
         """
         with self._calibration_lock:
             if self.target_call_costs.prior:
+                return
+            cached = load_call_costs(self._call_cost_key, max_tokens)
+            if cached is not None:
+                self.target_call_costs.prior, self.call_costs_source = cached, "cache"
                 return
             start = time.perf_counter()
             times = step_times(self.target, context[-CALIBRATION_CONTEXT:], max_tokens, repeats=3)
             self.target_call_costs.prior = relative_costs_from_step_times(times)
             self.calibration_seconds = time.perf_counter() - start
+            self.call_costs_source = "timed"
+            save_call_costs(self._call_cost_key, self.target_call_costs.prior)
 
     def _pieces(self, ids: list[int], config: GenerationConfig,
                 on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:

@@ -25,3 +25,12 @@ def test_a_goal_figure_just_below_its_threshold_never_reads_as_met():
 def test_prompt_set_name():
     assert _prompt_set_name({"prompt_set_version": 1, "prompt_set_file": "prompts.jsonl"}) == "v1"
     assert _prompt_set_name({"prompt_set_version": None, "prompt_set_file": "mine.jsonl"}) == "mine.jsonl"
+
+
+def test_the_report_says_where_autos_table_came_from():
+    from specdec.bench.report import _auto_table_origin
+
+    assert "timed target calls" in _auto_table_origin({"call_costs_source": "timed", "calibration_seconds": 1.5})
+    assert "call-cost cache" in _auto_table_origin({"call_costs_source": "cache", "calibration_seconds": 0.0})
+    assert "specdec tune" in _auto_table_origin({"call_costs_source": "tune"})
+    assert _auto_table_origin({"call_costs_source": None, "calibration_seconds": 0.0}) == ""

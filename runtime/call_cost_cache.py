@@ -1,0 +1,97 @@
+"""A per-machine disk cache of the t(n) table that `auto` times for an untuned artifact.
+
+Timing target calls over 1..17 tokens takes ~1.6 s on a 2-core CPU: longer than a short
+answer itself (the demo prompt: 1.59 s of timing, then 0.49 s of generation), and paid by
+every `specdec generate -k auto` process. The table is a fact of the graph, the hardware,
+the onnxruntime build and the thread count, so one timing serves every later process that
+shares all four; live calls keep refining it as before. A missing, unreadable or read-only
+cache only costs the timing, never an error. `specdec tune`'s table, stored in the
+artifact, still comes first.
+
+Location: $SPECDEC_CACHE_DIR, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec, under
+call-costs/. SPECDEC_NO_CACHE=1 turns the cache off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
+NO_CACHE_ENV = "SPECDEC_NO_CACHE"
+_FORMAT = 1
+
+
+def cache_dir() -> Path | None:
+    """Return the folder holding cached call-cost tables, or None when caching is off."""
+    if os.environ.get(NO_CACHE_ENV, "").strip() not in ("", "0"):
+        return None
+    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "specdec")
+    return Path(root) / "call-costs"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def cache_key(graph_sha256: str, device: str, threads: int | None, runtime_version: str) -> str:
+    """Return the file stem naming one (graph, device, threads, onnxruntime, machine) combination."""
+    parts = {"graph": graph_sha256, "device": device, "threads": threads or os.cpu_count(),
+             "onnxruntime": runtime_version, "machine": platform.machine(), "cpu": _cpu_model(),
+             "cpus": os.cpu_count()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def load_call_costs(key: str, max_tokens: int) -> dict[int, float] | None:
+    """Return the cached {n: t(n) / t(1)} for n = 1..(at least) max_tokens, or None if there is none.
+
+    A file that is unreadable, of another format, or shorter than max_tokens counts as none.
+    """
+    folder = cache_dir()
+    if folder is None:
+        return None
+    try:
+        data = json.loads((folder / f"{key}.json").read_text())
+        costs = data["call_costs"]
+        if (data.get("format") != _FORMAT or not isinstance(costs, list) or len(costs) < max_tokens
+                or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in costs)):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {n: float(c) for n, c in enumerate(costs, start=1)}
+
+
+def save_call_costs(key: str, costs: dict[int, float]) -> Path | None:
+    """Write the table for `key` atomically; return its path, or None when it could not be written."""
+    folder = cache_dir()
+    if folder is None or not costs:
+        return None
+    table = [costs[n] for n in range(1, max(costs) + 1) if n in costs]
+    if len(table) != max(costs):
+        return None  # only a gapless 1..n table is worth keeping
+    path = folder / f"{key}.json"
+    temporary: str | None = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # Rename over the old file, so a reader in another process never sees half a table.
+        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as out:
+            temporary = out.name
+            json.dump({"format": _FORMAT, "call_costs": table}, out)
+        os.replace(temporary, path)
+    except OSError:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+        return None
+    return path
