@@ -220,6 +220,9 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
         }))
     else:
         click.echo(f"--- finish: {result.finish_reason}; provider {engine.provider}\n{result.stats.summary()}", err=True)
+        if engine.call_costs_source == "timed":  # why this first `-k auto` run took longer than its stats say
+            click.echo(f"auto: timed target calls once, {engine.calibration_seconds:.2f}s before generating "
+                       "(kept in the call-cost cache for later runs)", err=True)
 
 
 @main.command()

@@ -37,6 +37,13 @@ def test_generate_chat_and_auto(tiny_artifacts):
     assert json.loads(result.stdout.strip().splitlines()[-1])["stats"]["num_draft_tokens"] == "auto"
 
 
+def test_first_auto_run_says_it_timed_the_calls_and_the_next_does_not(tiny_artifacts):
+    first = _run("generate", tiny_artifacts["llama"], "hi", "-k", "auto", "--max-new-tokens", 6)
+    assert first.exit_code == 0 and "auto: timed target calls once" in first.stderr
+    again = _run("generate", tiny_artifacts["llama"], "hi", "-k", "auto", "--max-new-tokens", 6)
+    assert again.exit_code == 0 and "timed target calls" not in again.stderr  # read from the cache
+
+
 @pytest.mark.parametrize("args, message", [
     (["--temperature", "-0.5"], "temperature must be >= 0"),
     (["--top-p", "0"], "top_p must be in (0, 1]"),
