@@ -46,9 +46,12 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def cache_key(graph_sha256: str, device: str, threads: int | None, runtime_version: str) -> str:
-    """Return the file stem naming one (graph, device, threads, onnxruntime, machine) combination."""
-    parts = {"graph": graph_sha256, "device": device, "threads": threads or os.cpu_count(),
+def cache_key(graph_digest: str, device: str, threads: int | None, runtime_version: str) -> str:
+    """Return the file stem naming one (graph, device, threads, onnxruntime, machine) combination.
+
+    graph_digest: anything that changes with the target's files (the engine joins their sha256s).
+    """
+    parts = {"graph": graph_digest, "device": device, "threads": threads or os.cpu_count(),
              "onnxruntime": runtime_version, "machine": platform.machine(), "cpu": _cpu_model(),
              "cpus": os.cpu_count()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]

@@ -133,8 +133,8 @@ class Engine:
         # Where t(n) came from: "tune" (the artifact), "cache" (an earlier process on this
         # machine), "timed" (this engine), None (not needed yet).
         self.call_costs_source: str | None = "tune" if self.target_call_costs.prior else None
-        self._call_cost_key = cache_key(manifest.target.sha256.get(manifest.target.graph_file, ""),
-                                        self.target.device, threads, ort.__version__)
+        target_files = ",".join(f"{name}={digest}" for name, digest in sorted(manifest.target.sha256.items()))
+        self._call_cost_key = cache_key(target_files, self.target.device, threads, ort.__version__)
         self._calibration_lock = threading.Lock()
 
     @classmethod
