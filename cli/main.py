@@ -221,8 +221,10 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
     else:
         click.echo(f"--- finish: {result.finish_reason}; provider {engine.provider}\n{result.stats.summary()}", err=True)
         if engine.call_costs_source == "timed":  # why this first `-k auto` run took longer than its stats say
-            click.echo(f"auto: timed target calls once, {engine.calibration_seconds:.2f}s before generating "
-                       "(kept in the call-cost cache for later runs)", err=True)
+            kept = (f"kept in {engine.call_costs_cache_file} for later runs" if engine.call_costs_cache_file
+                    else "not cached: SPECDEC_NO_CACHE is set or the cache folder is not writable")
+            click.echo(f"auto: timed target calls once, {engine.calibration_seconds:.2f}s before generating ({kept})",
+                       err=True)
 
 
 @main.command()

@@ -39,6 +39,7 @@ def test_a_second_engine_reads_the_table_the_first_one_timed(tiny_target_only_ar
     first = Engine.load(tiny_target_only_artifact, provider="cpu", threads=1)
     first.generate(PROMPT, AUTO)
     assert first.call_costs_source == "timed" and first.calibration_seconds > 0
+    assert first.call_costs_cache_file is not None and first.call_costs_cache_file.parent == cache_dir()
     second = Engine.load(tiny_target_only_artifact, provider="cpu", threads=1)
     reply = second.generate(PROMPT, AUTO)
     assert second.call_costs_source == "cache" and second.calibration_seconds == 0.0
@@ -62,7 +63,7 @@ def test_cache_off_or_unwritable_only_costs_the_timing(tiny_target_only_artifact
     monkeypatch.setenv(CACHE_DIR_ENV, str(blocker / "cache"))  # mkdir under a file fails
     engine = Engine.load(tiny_target_only_artifact, provider="cpu")
     assert engine.generate(PROMPT, AUTO).token_ids
-    assert engine.call_costs_source == "timed"
+    assert engine.call_costs_source == "timed" and engine.call_costs_cache_file is None
 
 
 def test_a_tuned_artifact_never_reads_the_cache(tiny_target_only_artifact, tmp_path):
