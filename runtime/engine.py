@@ -134,8 +134,7 @@ class Engine:
         # machine), "timed" (this engine), None (not needed yet).
         self.call_costs_source: str | None = "tune" if self.target_call_costs.prior else None
         self.call_costs_cache_file: Path | None = None  # where a timed table was kept (None: not kept)
-        target_files = ",".join(f"{name}={digest}" for name, digest in sorted(manifest.target.sha256.items()))
-        self._call_cost_key = cache_key(target_files, self.target.device, threads, ort.__version__)
+        self._threads = threads
         self._calibration_lock = threading.Lock()
 
     @classmethod
@@ -224,7 +223,9 @@ class Engine:
         with self._calibration_lock:
             if self.target_call_costs.prior:
                 return
-            cached = load_call_costs(self._call_cost_key, max_tokens)
+            target_files = ",".join(f"{name}={digest}" for name, digest in sorted(self.manifest.target.sha256.items()))
+            key = cache_key(target_files, self.target.device, self._threads, ort.__version__)
+            cached = load_call_costs(key, max_tokens)
             if cached is not None:
                 self.target_call_costs.prior, self.call_costs_source = cached, "cache"
                 return
@@ -233,7 +234,7 @@ class Engine:
             self.target_call_costs.prior = relative_costs_from_step_times(times)
             self.calibration_seconds = time.perf_counter() - start
             self.call_costs_source = "timed"
-            self.call_costs_cache_file = save_call_costs(self._call_cost_key, self.target_call_costs.prior)
+            self.call_costs_cache_file = save_call_costs(key, self.target_call_costs.prior)
 
     def _pieces(self, ids: list[int], config: GenerationConfig,
                 on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:
