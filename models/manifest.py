@@ -247,6 +247,15 @@ def manifest_from_dict(data: Any) -> Manifest:
     )
 
 
+def is_call_cost_table(values: Any) -> bool:
+    """Return whether `values` is a list of positive numbers: t(n) / t(1) for n = 1, 2, ...
+
+    The one check for a call-cost table, wherever one is read (the manifest, the runtime's cache).
+    """
+    return isinstance(values, list) and all(
+        isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in values)
+
+
 def _runtime_defaults_from_dict(data: dict) -> dict[str, Any]:
     """Return the runtime defaults after checking the fields the runtime reads (others pass through)."""
     where = "runtime_defaults"
@@ -258,8 +267,7 @@ def _runtime_defaults_from_dict(data: dict) -> dict[str, Any]:
     if verify_cost is not None and verify_cost < 0:
         raise ManifestError(f"{MANIFEST_FILENAME}: field '{where}.verify_cost' should be >= 0, got {verify_cost}")
     costs = _get(data, "target_call_costs", (list,), where, True)
-    if costs is not None and not all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0
-                                     for c in costs):
+    if costs is not None and not is_call_cost_table(costs):
         raise ManifestError(f"{MANIFEST_FILENAME}: field '{where}.target_call_costs' should be a list of "
                             f"positive numbers (a call over n tokens in 1-token calls, n = 1, 2, ...)")
     return data

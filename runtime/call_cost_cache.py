@@ -21,6 +21,8 @@ import platform
 import tempfile
 from pathlib import Path
 
+from specdec.models.manifest import is_call_cost_table
+
 CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
 NO_CACHE_ENV = "SPECDEC_NO_CACHE"
 _FORMAT = 1
@@ -68,8 +70,7 @@ def load_call_costs(key: str, max_tokens: int) -> dict[int, float] | None:
     try:
         data = json.loads((folder / f"{key}.json").read_text())
         costs = data["call_costs"]
-        if (data.get("format") != _FORMAT or not isinstance(costs, list) or len(costs) < max_tokens
-                or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in costs)):
+        if data.get("format") != _FORMAT or not is_call_cost_table(costs) or len(costs) < max_tokens:
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -32,8 +32,8 @@ class TargetCallCosts:
     least-squares line through the lengths seen so far; else one through the prior table;
     else the prior line 1 + prior_verify_cost (n - 1). The table returned is then made
     non-decreasing in n, since a longer call is never cheaper and a dip is noise that would
-    lure K past the length it dipped at. One object can outlive a generation: the curve is a fact of the
-    hardware and the model, not of the prompt.
+    lure K past the length it dipped at. One object can outlive a generation: the curve is a
+    fact of the hardware and the model, not of the prompt.
     """
 
     prior: dict[int, float] = field(default_factory=dict)  # n -> t(n) / t(1)
