@@ -1,11 +1,13 @@
 """Drafters: whatever proposes tokens for the target to verify.
 
-The loop talks to a drafter through two calls:
+The loop talks to a drafter through three calls:
+- `situation(context)` -> a label for the kind of proposal it would make next (one label
+  for a drafter that cannot tell); `-k auto` keeps one acceptance estimate per label;
 - `propose(context, k)` -> Proposal: up to k tokens, and their q rows (None: deterministic,
   q is one-hot at each proposed token);
 - `sync(context)`: after verification, the committed context; the drafter drops what
   is no longer valid (its KV cache, for a model drafter).
-A new drafter is one class in this file with those two methods.
+A new drafter is one class in this file with those three methods.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ class Drafter(Protocol):
     """What the decoding loop needs from a drafter (one instance per request)."""
 
     name: str
+
+    def situation(self, context: list[int]) -> str:
+        """Return a label for the proposal `propose` would make after `context` (its acceptance is learned per label)."""
+        ...
 
     def propose(self, context: list[int], k: int) -> Proposal:
         """Return up to k draft tokens continuing `context` (prompt + committed tokens)."""
@@ -95,6 +101,10 @@ class ModelDrafter:
         """Return the mean session time of the single-token draft calls so far."""
         return self._step_seconds / self._steps if self._steps else None
 
+    def situation(self, context: list[int]) -> str:
+        """Return "model": a sampled draft gives no cheap hint of how it will fare."""
+        return "model"
+
     def propose(self, context: list[int], k: int) -> Proposal:
         """Return k tokens sampled one at a time from the draft model, with their q rows."""
         # Catch up on every committed token the draft has not seen (at least the last one).
@@ -142,11 +152,19 @@ class NgramDrafter:
     def __init__(self, min_n: int = 1, max_n: int = 4):
         self.index = NgramIndex(min_n=min_n, max_n=max_n)
 
+    def situation(self, context: list[int]) -> str:
+        """Return how the matched n-gram continued before: ngram.NO_MATCH, SEEN_ONCE, REPEATED or AMBIGUOUS."""
+        self._catch_up(context)
+        return self.index.situation()
+
     def propose(self, context: list[int], k: int) -> Proposal:
         """Return up to k tokens from the n-gram index ([] when nothing recurs)."""
+        self._catch_up(context)
+        return Proposal(self.index.propose(k), None)
+
+    def _catch_up(self, context: list[int]) -> None:
         # Committed context only grows, so the index takes just the new tail.
         self.index.extend(context[len(self.index.tokens):])
-        return Proposal(self.index.propose(k), None)
 
     def sync(self, context: list[int]) -> None:
         """Nothing to forget: the index holds committed tokens only."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.acceptance import Verdict, greedy_verify, rejection_sample
-from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
+from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, Proposal
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.sampling import SamplingConfig, next_token, process_logits
@@ -95,8 +95,10 @@ def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max
 
     while True:
         remaining = max_new_tokens - generated
+        situation = drafter.situation(context) if draft_length and drafter else ANY_SITUATION
         # The target call takes k+1 tokens on a cache of len(context)-1 positions.
-        k = min(draft_length.choose() if draft_length and drafter else 0, remaining - 1, limit - len(context))
+        k = min(draft_length.choose(situation) if draft_length and drafter else 0, remaining - 1,
+                limit - len(context))
 
         # 1. draft
         proposal = Proposal([], None)
@@ -128,7 +130,7 @@ def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max
         if draft_length is not None and drafter is not None:
             draft_length.observe(len(drafts), verdict.num_accepted,
                                  rejected=not verdict.is_bonus and bool(drafts), draft_step_seconds=drafter.step_seconds,
-                                 target_tokens=len(drafts) + 1, target_seconds=target_call)
+                                 target_tokens=len(drafts) + 1, target_seconds=target_call, situation=situation)
 
         committed = _cut_at_eos(new_tokens, eos_token_ids)
         generated += len(committed)

@@ -23,12 +23,27 @@ def ngram_propose(context: list[int], k: int, min_n: int = 1, max_n: int = 4) ->
     return []
 
 
+# What the index knows about the n-gram it would copy from; the adaptive draft length keeps
+# one acceptance estimate per situation. On SmolLM2's greedy outputs (18 prompts), the first
+# proposed token matched 98% of the time after a "repeated" n-gram, 67-80% after one seen
+# once, and 39-53% after an "ambiguous" one (a list's ".\n" before the next item's number).
+NO_MATCH = "no match"  # no suffix of min_n..max_n tokens occurred before: nothing to propose
+SEEN_ONCE = "seen once"  # the matched n-gram occurred once before
+REPEATED = "repeated"  # it occurred several times, followed by the same token every time
+AMBIGUOUS = "ambiguous"  # it occurred several times, followed by different tokens
+SITUATIONS = (NO_MATCH, SEEN_ONCE, REPEATED, AMBIGUOUS)
+# A match of a single token is a much weaker hint than one of two or more, so it gets labels
+# of its own (under min_n = 1 only): "seen once, 1-token match" and so on.
+ONE_TOKEN_MATCH = ", 1-token match"
+
+
 class NgramIndex:
     """Incremental n-gram index over a growing token sequence; O(max_n) work per appended token.
 
     Maps every n-gram (min_n <= n <= max_n) that ends before the last token to the position
-    right after its most recent occurrence. The final n-grams are left out until a token
-    follows them, so a lookup of the current suffix finds only earlier occurrences.
+    right after its most recent occurrence, and to whether its earlier occurrences all had
+    that same follower. The final n-grams are left out until a token follows them, so a
+    lookup of the current suffix finds only earlier occurrences.
     """
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
@@ -37,21 +52,40 @@ class NgramIndex:
         self.min_n = min_n
         self.max_n = max_n
         self.tokens: list[int] = []
-        self._next_after: dict[tuple[int, ...], int] = {}
+        self._latest: dict[tuple[int, ...], tuple[int, str]] = {}  # n-gram -> (follower position, situation)
 
     def extend(self, new_tokens: list[int]) -> None:
         """Append tokens to the indexed sequence."""
         for token in new_tokens:
-            end = len(self.tokens)  # the n-grams ending here now have a follower: index them
+            token = int(token)
+            end = len(self.tokens)  # the n-grams ending here now have a follower, `token`: index them
             for n in range(self.min_n, min(self.max_n, end) + 1):
-                self._next_after[tuple(self.tokens[end - n:end])] = end
-            self.tokens.append(int(token))
+                gram = tuple(self.tokens[end - n:end])
+                previous = self._latest.get(gram)
+                if previous is None:
+                    situation = SEEN_ONCE
+                elif previous[1] != AMBIGUOUS and self.tokens[previous[0]] == token:
+                    situation = REPEATED
+                else:
+                    situation = AMBIGUOUS
+                self._latest[gram] = (end, situation)
+            self.tokens.append(token)
 
     def propose(self, k: int) -> list[int]:
         """Return up to k tokens following the most recent earlier match of the longest suffix ([] if none)."""
+        start, _, _ = self._longest_match()
+        return self.tokens[start:start + k] if start is not None else []
+
+    def situation(self) -> str:
+        """Return what `propose` would copy from: one of SITUATIONS, + ONE_TOKEN_MATCH for a 1-token match."""
+        _, situation, n = self._longest_match()
+        return situation + ONE_TOKEN_MATCH if n == 1 else situation
+
+    def _longest_match(self) -> tuple[int | None, str, int]:
+        """Return (follower position, situation, n) of the longest recurring suffix ((None, NO_MATCH, 0): none)."""
         length = len(self.tokens)
         for n in range(min(self.max_n, length), self.min_n - 1, -1):
-            start = self._next_after.get(tuple(self.tokens[length - n:]))
-            if start is not None:
-                return self.tokens[start:start + k]
-        return []
+            match = self._latest.get(tuple(self.tokens[length - n:]))
+            if match is not None:
+                return match[0], match[1], n
+        return None, NO_MATCH, 0

@@ -52,6 +52,24 @@ def test_adaptive_falls_back_when_alpha_is_zero_and_recovers():
     assert policy.choose() >= 3
 
 
+def test_adaptive_learns_alpha_per_situation():
+    # Drafts after an ambiguous n-gram always fail, after a repeated one they always pass:
+    # one pooled alpha would draft the same K in both.
+    policy = AdaptiveDraftLength(max_k=8, cost_ratio=0.0, call_costs=line(0.05), cooldown=4)
+    for _ in range(20):
+        k = policy.choose("ambiguous")
+        if k:
+            policy.observe(k, 0, rejected=True, situation="ambiguous")
+        k = policy.choose("repeated")
+        policy.observe(k, k, rejected=False, situation="repeated")
+    assert policy.estimate("ambiguous").alpha < 0.1
+    assert policy.estimate("repeated").alpha > 0.9
+    assert policy.choose("repeated") == 8
+    assert [policy.choose("ambiguous") for _ in range(3)] == [0, 0, 0]
+    # the pause is per situation: plain iterations in one do not end another's
+    assert policy.estimate("seen once").plain_left == 0 and policy.choose("seen once") > 0
+
+
 def line(v: float) -> TargetCallCosts:
     """Return costs that follow the line 1 + v (n - 1) until calls are timed."""
     return TargetCallCosts(prior_verify_cost=v)
@@ -108,7 +126,7 @@ def test_adaptive_alpha_pools_tests_across_iterations():
     for _ in range(30):
         policy.observe(7, 7, rejected=False)
         policy.observe(7, 0, rejected=True)
-    assert 0.8 < policy.alpha < 0.95
+    assert 0.8 < policy.estimate().alpha < 0.95
     assert policy.choose() >= 6
 
 
@@ -116,4 +134,4 @@ def test_adaptive_alpha_follows_a_steady_rate():
     policy = AdaptiveDraftLength(alpha=0.5)
     for _ in range(100):
         policy.observe(4, 3, rejected=True)  # 3 passes, then a rejection: 3 of 4 tests
-    assert abs(policy.alpha - 0.75) < 1e-6
+    assert abs(policy.estimate().alpha - 0.75) < 1e-6

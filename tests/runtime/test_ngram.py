@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from specdec.runtime.ngram import NgramIndex, ngram_propose
+from specdec.runtime.ngram import AMBIGUOUS, NO_MATCH, ONE_TOKEN_MATCH, REPEATED, SEEN_ONCE, NgramIndex, ngram_propose
 
 
 def _index(tokens, min_n=1, max_n=4):
@@ -38,6 +38,37 @@ def test_min_n_excludes_short_matches():
     assert _index(context, min_n=1).propose(2) == [3, 2]
 
 
+def _situation_by_scan(context, min_n, max_n):
+    """Reference: how every earlier occurrence of the longest recurring suffix continued."""
+    length = len(context)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        followers = [context[end] for end in range(n, length) if context[end - n:end] == context[length - n:]]
+        if followers:
+            kind = SEEN_ONCE if len(followers) == 1 else REPEATED if len(set(followers)) == 1 else AMBIGUOUS
+            return kind + ONE_TOKEN_MATCH if n == 1 else kind
+    return NO_MATCH
+
+
+@pytest.mark.parametrize("context, expected", [
+    ([1, 2, 3, 4], NO_MATCH),
+    ([1, 2, 9, 1, 2], SEEN_ONCE),
+    ([1, 2, 9, 1, 2, 9, 5, 1, 2], REPEATED),  # [1, 2] was followed by 9 both times
+    ([1, 2, 9, 1, 2, 8, 5, 1, 2], AMBIGUOUS),  # by 9, then by 8
+    # the longest match decides: [7, 1, 2] was seen once, though [1, 2] is ambiguous
+    ([7, 1, 2, 9, 1, 2, 8, 7, 1, 2], SEEN_ONCE),
+    # once ambiguous, always ambiguous, even if the latest followers agree again
+    ([1, 2, 9, 3, 1, 2, 8, 4, 1, 2, 8, 5, 1, 2], AMBIGUOUS),
+])
+def test_situation_of_the_match(context, expected):
+    assert _index(context, min_n=2).situation() == expected
+    assert _situation_by_scan(context, 2, 4) == expected
+
+
+def test_one_token_matches_have_their_own_situations():
+    assert _index([3, 9, 4, 3], min_n=1).situation() == SEEN_ONCE + ONE_TOKEN_MATCH
+    assert _index([3, 9, 4, 3], min_n=2).situation() == NO_MATCH
+
+
 def test_incremental_index_equals_reference_on_random_sequences():
     for trial in range(500):
         rnd = random.Random(trial)
@@ -46,6 +77,7 @@ def test_incremental_index_equals_reference_on_random_sequences():
         for cut in range(len(context) + 1):  # grow token by token, asking at every length
             index.extend(context[len(index.tokens):cut])
             assert index.propose(3) == ngram_propose(context[:cut], 3, 1, 3)
+            assert index.situation() == _situation_by_scan(context[:cut], 1, 3)
 
 
 def test_long_context_is_linear_time():
