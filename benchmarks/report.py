@@ -157,7 +157,9 @@ def replay_section(meta: dict, replays: Sequence[dict]) -> list[str]:
         f"a rollback {meta['rollback_cost']:.3f} steps. "
         "\"Best K\" is the cheapest possible choice of K at every iteration (dynamic programming over the "
         "output: no rejected draft is ever verified), an upper bound for any draft-length policy with this "
-        "drafter on this hardware. The replayed fixed-K column next to the measured one checks the cost model.",
+        "drafter on this hardware. The fixed-K replays look up suffixes of 2..4 tokens, as a fixed K does; the "
+        "bound looks up 1..4, as `auto` does (skipping a proposal is one of its choices, so more proposals "
+        "never lower it). The replayed fixed-K column next to the measured one checks the cost model.",
         "",
         f"| prompt | group | measured {replays[0]['measured_config']} | "
         + " | ".join(f"replay K={k}" for k in ks) + " | best K (bound) | tokens / call at the bound |",

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from specdec.bench.replay import CostModel, replay_ngram
 from specdec.runtime.call_costs import non_decreasing
-from specdec.runtime.engine import Engine, GenerationConfig
+from specdec.runtime.engine import NGRAM_MIN_AUTO, NGRAM_MIN_FIXED_K, Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
 from specdec.runtime.theory import verify_cost_from_calls
@@ -146,8 +146,9 @@ def replay_rows(runs: Sequence[Run], prompt_ids: dict[str, list[int]], rows: Seq
             continue
         measured = next((r["speedup"] for r in rows if r["prompt"] == run.prompt.id and r["config"] == measured_config),
                         None)
-        replays = {k: replay_ngram(prompt_ids[run.prompt.id], run.token_ids, k, cost) for k in ks}
-        oracle = replay_ngram(prompt_ids[run.prompt.id], run.token_ids, None, cost)
+        replays = {k: replay_ngram(prompt_ids[run.prompt.id], run.token_ids, k, cost, ngram_min=NGRAM_MIN_FIXED_K)
+                   for k in ks}
+        oracle = replay_ngram(prompt_ids[run.prompt.id], run.token_ids, None, cost, ngram_min=NGRAM_MIN_AUTO)
         out.append({"prompt": run.prompt.id, "group": run.prompt.group, "measured_config": measured_config,
                     "measured_speedup": measured,
                     "replay_speedup": {str(k): r.speedup for k, r in replays.items()},

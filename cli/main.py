@@ -154,8 +154,9 @@ def inspect(artifact, as_json, no_verify) -> None:
 @click.option("--no-draft", is_flag=True, help="Plain target-only decoding (same as --drafter none).")
 @click.option("--max-draft-tokens-auto", type=int, default=16, show_default=True,
               help="Cap on K under '-k auto' (1..32; auto times target calls up to cap + 1 tokens once).")
-@click.option("--ngram-min", type=int, default=2, show_default=True,
-              help="n-gram drafter: shortest context suffix to look up (1 also drafts after single-token matches).")
+@click.option("--ngram-min", type=int, default=None,
+              help="n-gram drafter: shortest context suffix to look up (1 also drafts after single-token matches; "
+                   "default: 1 under '-k auto', which learns whether they pay, else 2).")
 @click.option("--ngram-max", type=int, default=4, show_default=True,
               help="n-gram drafter: longest context suffix to look up (longer matches are tried first).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template as a user message.")

@@ -26,6 +26,7 @@ from specdec.runtime.text import StopStringFilter, TextCodec
 DRAFTER_CHOICES = ("auto", "model", "ngram", "none")
 DEFAULT_DRAFT_TOKENS = 4  # when neither the caller nor the artifact (`specdec tune`) says
 CALIBRATION_CONTEXT = 256  # prompt tokens `auto`'s one-time call timing runs after
+NGRAM_MIN_FIXED_K, NGRAM_MIN_AUTO = 2, 1  # GenerationConfig.ngram_min says why
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,14 @@ class GenerationConfig:
     # 18 prompts, 2 alternating repeats) cap 16 over cap 8: geomean 1.019x, rewrite 1.13x,
     # worst 0.976x; a replay of the same outputs over three measured t(n) curves: +1.6-4.1%.
     max_draft_tokens_auto: int = 16
-    # n-gram drafter: shortest suffix to match. 2, not 1: single-token matches are mostly
-    # wrong guesses that cost verify time (SmolLM2, K=4, decode speedup min 1 -> 2: summarize
-    # 1.10x -> 1.19x, story 1.12x -> 1.18x, rewrite and extract unchanged; 3 was worse).
-    # Cutting a single-token match to one drafted token was tried too: it pays only while a
-    # 2-token call costs under ~1.05 steps. Replayed with t(2) = 1.04 it gained 2-4%; with
-    # t(2) = 1.10-1.14, measured on the same machine two hours later, nothing; live (8 paired
-    # repeats) K=4 lost 5% on summarize and `auto` gained 1%. Not adopted.
-    ngram_min: int = 2
+    # n-gram drafter: shortest suffix to match; None picks by K. Under a fixed K, 2: single-
+    # token matches are mostly wrong guesses that cost verify time (SmolLM2, K=4, min 1 -> 2:
+    # summarize 1.10x -> 1.19x, story 1.12x -> 1.18x, rewrite and extract unchanged; 3 was
+    # worse). Under "auto", 1: auto learns alpha per situation, 1-token matches apart, so it
+    # drafts after them only while they pay (SmolLM2 live, 18 prompts, 3 alternating repeats,
+    # min 1 over min 2: geomean grounded 1.03x, open 1.01x; extract 1.10x; per prompt from
+    # 0.93x, rewrite, to 1.13x). A replay of the same outputs agreed: +3-5% grounded.
+    ngram_min: int | None = None
     ngram_max: int = 4  # n-gram drafter: longest suffix to match
     stop_strings: tuple[str, ...] = ()
     chat: bool = False  # wrap the prompt in the artifact's chat template
@@ -76,8 +77,15 @@ class GenerationConfig:
                                   f"got {self.max_draft_tokens_auto}")
         if self.drafter not in DRAFTER_CHOICES:
             raise GenerationError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got '{self.drafter}'")
-        if not 1 <= self.ngram_min <= self.ngram_max:
+        if self.ngram_max < 1 or (self.ngram_min is not None and not 1 <= self.ngram_min <= self.ngram_max):
             raise GenerationError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+    def ngram_min_for(self, adaptive: bool) -> int:
+        """Return the n-gram drafter's shortest suffix: ngram_min if set, else 1 under "auto" (adaptive) and 2
+        under a fixed K, at most ngram_max."""
+        if self.ngram_min is not None:
+            return self.ngram_min
+        return min(NGRAM_MIN_AUTO if adaptive else NGRAM_MIN_FIXED_K, self.ngram_max)
 
 
 @dataclass
@@ -192,7 +200,8 @@ class Engine:
             )
         return GenerationStream(lambda stream: self._pieces(ids, config, on_iteration, stream))
 
-    def _drafter(self, config: GenerationConfig, rng: np.random.Generator, prompt_length: int) -> Drafter | None:
+    def _drafter(self, config: GenerationConfig, rng: np.random.Generator, prompt_length: int,
+                 adaptive: bool) -> Drafter | None:
         kind = config.drafter
         if kind == "auto":  # what `specdec tune` chose, else the draft model if there is one
             kind = self.manifest.runtime_defaults.get("drafter") or ("model" if self.draft is not None else "ngram")
@@ -201,7 +210,7 @@ class Engine:
         if kind == "model" and self.draft is not None:
             return ModelDrafter(self.draft, config.sampling, rng,
                                 capacity=prompt_length + config.max_new_tokens + MAX_DRAFT_ROOM)
-        return NgramDrafter(config.ngram_min, config.ngram_max)
+        return NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max)
 
     def _draft_length(self, config: GenerationConfig) -> tuple[FixedDraftLength | AdaptiveDraftLength, str]:
         k = config.num_draft_tokens
@@ -239,8 +248,8 @@ class Engine:
     def _pieces(self, ids: list[int], config: GenerationConfig,
                 on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:
         rng = np.random.default_rng(config.seed)
-        drafter = self._drafter(config, rng, len(ids))
         policy, k_label = self._draft_length(config)
+        drafter = self._drafter(config, rng, len(ids), adaptive=isinstance(policy, AdaptiveDraftLength))
         if drafter is not None and isinstance(policy, AdaptiveDraftLength):
             self._calibrate_call_costs(ids, config.max_draft_tokens_auto + 1)  # before the request's clock starts
         stats = GenerationStats(drafter=drafter.name if drafter else "none",

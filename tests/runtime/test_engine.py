@@ -2,6 +2,7 @@
 
 import threading
 
+import numpy as np
 import pytest
 
 from specdec.models.errors import GenerationError
@@ -65,6 +66,18 @@ def test_eos_stops_inside_an_accepted_block(tiny_self_draft_artifact):
     ended = engine.generate("The quick brown fox", GenerationConfig(max_new_tokens=30, num_draft_tokens=4))
     assert ended.finish_reason == "eos"
     assert ended.token_ids == free.token_ids[: first + 1]
+
+
+def test_ngram_min_defaults_by_draft_length(engine):
+    # auto learns per situation whether 1-token matches pay; a fixed K would draft after every one
+    assert GenerationConfig().ngram_min_for(adaptive=True) == 1
+    assert GenerationConfig().ngram_min_for(adaptive=False) == 2
+    assert GenerationConfig(ngram_min=3).ngram_min_for(adaptive=True) == 3
+    assert GenerationConfig(ngram_max=1).ngram_min_for(adaptive=False) == 1
+    rng = np.random.default_rng(0)
+    auto = engine._drafter(GenerationConfig(drafter="ngram"), rng, 10, adaptive=True)
+    fixed = engine._drafter(GenerationConfig(drafter="ngram"), rng, 10, adaptive=False)
+    assert (auto.index.min_n, fixed.index.min_n) == (1, 2)
 
 
 def test_chat_template(engine):
