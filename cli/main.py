@@ -193,8 +193,9 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
 
     def show_iteration(iteration) -> None:
         decode = lambda ids: repr(engine.codec.decode(ids))  # noqa: E731
+        situation = f"{iteration.situation}: " if iteration.situation else ""
         click.echo(
-            f"\n  [drafted {len(iteration.drafted)} {decode(iteration.drafted)}, accepted "
+            f"\n  [{situation}drafted {len(iteration.drafted)} {decode(iteration.drafted)}, accepted "
             f"{iteration.num_accepted}, +{len(iteration.committed)} {decode(iteration.committed)}"
             f"{' (bonus)' if iteration.is_bonus else ''}]",
             err=True,

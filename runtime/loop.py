@@ -39,6 +39,7 @@ class Iteration:
     committed: list[int]  # tokens appended to the output, after cutting at EOS and max_new_tokens
     is_bonus: bool  # the last committed token came from the (K+1)-th row
     finished: str | None  # "eos", "length" (max_new_tokens) or "max_positions"; None to go on
+    situation: str | None = None  # the drafter's label for this proposal (Drafter.situation); None: no drafter
 
 
 def decode(
@@ -135,7 +136,8 @@ def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max
         committed = _cut_at_eos(new_tokens, eos_token_ids)
         generated += len(committed)
         finished = _finish_reason(committed, generated, max_new_tokens, eos_token_ids, len(context), limit)
-        yield Iteration(drafts, verdict.num_accepted, committed, verdict.is_bonus, finished)
+        yield Iteration(drafts, verdict.num_accepted, committed, verdict.is_bonus, finished,
+                        situation if drafter is not None and draft_length is not None else None)
         if finished:
             return
 

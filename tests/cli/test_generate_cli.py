@@ -4,6 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from specdec.cli.main import main
+from specdec.runtime.ngram import ONE_TOKEN_MATCH, SITUATIONS
 
 
 def _run(*args):
@@ -29,6 +30,14 @@ def test_generate_streams_text_and_stats(tiny_artifacts):
     assert streamed.exit_code == 0, streamed.output
     assert streamed.stdout.startswith(text)
     assert "drafted" in streamed.stderr and "tokens/target call" in streamed.stderr
+
+
+def test_verbose_names_the_ngram_drafters_situation(tiny_target_only_artifact):
+    result = _run("generate", tiny_target_only_artifact, "a b c d a b c d a b c d a b", "--max-new-tokens", 8,
+                  "--verbose", "-k", "auto")
+    assert result.exit_code == 0, result.output
+    labels = {line.split(": drafted")[0].strip(" [") for line in result.stderr.splitlines() if ": drafted" in line}
+    assert labels and labels <= set(SITUATIONS) | {s + ONE_TOKEN_MATCH for s in SITUATIONS}
 
 
 def test_generate_chat_and_auto(tiny_artifacts):
