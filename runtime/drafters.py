@@ -153,7 +153,7 @@ class NgramDrafter:
         self.index = NgramIndex(min_n=min_n, max_n=max_n)
 
     def situation(self, context: list[int]) -> str:
-        """Return how the matched n-gram continued before: ngram.NO_MATCH, SEEN_ONCE, REPEATED or AMBIGUOUS."""
+        """Return how the matched n-gram continued before: one of ngram.SITUATIONS (+ ONE_TOKEN_MATCH)."""
         self._catch_up(context)
         return self.index.situation()
 
