@@ -128,6 +128,9 @@ def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max
         if drafter is not None and drafts:
             drafter.sync(context)
         _count(stats, drafts, verdict)
+        if drafter is not None and draft_length is not None:
+            stats.count_situation(situation, len(drafts), verdict.num_accepted,
+                                  verdict.num_accepted + (0 if verdict.is_bonus or not drafts else 1))
         if draft_length is not None and drafter is not None:
             draft_length.observe(len(drafts), verdict.num_accepted,
                                  rejected=not verdict.is_bonus and bool(drafts), draft_step_seconds=drafter.step_seconds,

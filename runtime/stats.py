@@ -31,6 +31,9 @@ class GenerationStats:
     acceptance_tests: int = 0
     bonus_tokens: int = 0
     draft_lengths: dict[int, int] = field(default_factory=dict)  # K actually drafted -> iterations
+    # drafter's situation label (Drafter.situation) -> {"iterations", "drafted", "accepted",
+    # "acceptance_tests"}: how each kind of proposal fared, which is what `auto` learns from
+    by_situation: dict[str, dict[str, int]] = field(default_factory=dict)
     # every decode-phase target call as (past positions, tokens, seconds): how verification
     # cost grows with the tokens per call, measured in place; the past length is kept because
     # a call's time also grows with it, and comparisons across prompts must not mix the two
@@ -116,6 +119,15 @@ class GenerationStats:
             data[name] = getattr(self, name)
         return data
 
+    def count_situation(self, situation: str, drafted: int, accepted: int, tests: int) -> None:
+        """Add one iteration drafted in `situation` to by_situation."""
+        counts = self.by_situation.setdefault(
+            situation, {"iterations": 0, "drafted": 0, "accepted": 0, "acceptance_tests": 0})
+        counts["iterations"] += 1
+        counts["drafted"] += drafted
+        counts["accepted"] += accepted
+        counts["acceptance_tests"] += tests
+
     def summary(self) -> str:
         """Return a few human-readable lines."""
         lines = [
@@ -130,4 +142,9 @@ class GenerationStats:
             f"other {self.other_seconds:.2f}s (outside session.run: {self.overhead_share:.1%}); "
             f"c={self.cost_ratio:.3f}, theoretical speedup {self.theoretical_speedup:.2f}x",
         ]
+        if len(self.by_situation) > 1:
+            parts = [f"{label} {c['iterations']}" + (f" (alpha {c['accepted'] / c['acceptance_tests']:.2f})"
+                                                      if c["acceptance_tests"] else "")
+                     for label, c in sorted(self.by_situation.items(), key=lambda item: -item[1]["iterations"])]
+            lines.append("iterations by drafting situation: " + ", ".join(parts))
         return "\n".join(lines)

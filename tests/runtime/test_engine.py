@@ -80,6 +80,17 @@ def test_ngram_min_defaults_by_draft_length(engine):
     assert (auto.index.min_n, fixed.index.min_n) == (1, 2)
 
 
+def test_stats_by_situation_add_up_to_the_totals(engine):
+    result = engine.generate("one two three one two three one two", GenerationConfig(
+        max_new_tokens=40, drafter="ngram", num_draft_tokens="auto"))
+    stats = result.stats
+    assert len(stats.by_situation) >= 2  # the tiny model's output recurs in several ways
+    for name, total in (("iterations", stats.iterations), ("drafted", stats.drafted), ("accepted", stats.accepted),
+                        ("acceptance_tests", stats.acceptance_tests)):
+        assert sum(counts[name] for counts in stats.by_situation.values()) == total
+    assert "iterations by drafting situation" in stats.summary()
+
+
 def test_chat_template(engine):
     ids = engine.prompt_ids("hi", chat=True)
     text = engine.codec.tokenizer.decode(ids, skip_special_tokens=False)
