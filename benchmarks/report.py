@@ -44,7 +44,7 @@ def _auto_table_origin(meta: dict) -> str:
 
 
 def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], anchors: Sequence[dict],
-                    replays: Sequence[dict] = ()) -> str:
+                    replays: Sequence[dict] = (), situations: Sequence[dict] = ()) -> str:
     """Return the whole report as Markdown."""
     lines = [
         "# specdec benchmark results",
@@ -98,6 +98,7 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
             f"{'yes' if r['greedy_equal'] else 'NO'} |"
         )
     lines += replay_section(meta, replays)
+    lines += situation_section(situations)
     if anchors:
         lines += [
             "",
@@ -170,6 +171,28 @@ def replay_section(meta: dict, replays: Sequence[dict]) -> list[str]:
         lines.append(f"| {r['prompt']} | {r['group']} | {measured} | "
                      + " | ".join(f"{r['replay_speedup'][k]:.2f}x" for k in ks)
                      + f" | {r['oracle_speedup']:.2f}x | {r['oracle_tokens_per_call']:.2f} |")
+    return lines
+
+
+def situation_section(situations: Sequence[dict]) -> list[str]:
+    """Return the table of how `auto` fared per drafting situation ([] when no auto run drafted)."""
+    if not situations:
+        return []
+    lines = [
+        "",
+        "## What `auto` saw: its iterations by drafting situation",
+        "",
+        "`auto` keeps one acceptance estimate per situation the drafter reports before proposing (n-gram: "
+        "the matched n-gram was seen once, always followed by the same token (repeated), or followed by "
+        "different tokens (ambiguous); 1-token matches apart). All repeats of all prompts in the group.",
+        "",
+        "| group | situation | iterations | share of iterations | drafted per iteration | alpha |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in situations:
+        alpha = f"{r['alpha']:.2f}" if r["alpha"] is not None else "-"
+        lines.append(f"| {r['group']} | {r['situation']} | {r['iterations']} | {_pct(r['iteration_share'])} | "
+                     f"{r['drafted_per_iteration']:.2f} | {alpha} |")
     return lines
 
 

@@ -156,6 +156,28 @@ def replay_rows(runs: Sequence[Run], prompt_ids: dict[str, list[int]], rows: Seq
     return out
 
 
+def situation_rows(runs: Sequence[Run]) -> list[dict]:
+    """Return, per prompt group and drafting situation, how `auto`'s iterations fared over all its runs:
+    iterations (and their share of the group's), drafted tokens per iteration, and alpha (None: no test)."""
+    totals: dict[tuple[str, str], dict[str, int]] = {}
+    for run in runs:
+        if run.config.num_draft_tokens != "auto":
+            continue
+        for situation, counts in run.stats.by_situation.items():
+            total = totals.setdefault((run.prompt.group, situation), dict.fromkeys(counts, 0))
+            for name, value in counts.items():
+                total[name] += value
+    per_group: dict[str, int] = {}
+    for (group, _), counts in totals.items():
+        per_group[group] = per_group.get(group, 0) + counts["iterations"]
+    rows = [{"group": group, "situation": situation, "iterations": c["iterations"],
+             "iteration_share": c["iterations"] / per_group[group],
+             "drafted_per_iteration": c["drafted"] / c["iterations"],
+             "alpha": c["accepted"] / c["acceptance_tests"] if c["acceptance_tests"] else None}
+            for (group, situation), c in totals.items()]
+    return sorted(rows, key=lambda r: (r["group"], -r["iterations"]))
+
+
 def call_costs_of_runs(runs: Sequence[Run], baseline_runs: Sequence[Run],
                        min_samples: int = 5) -> tuple[dict[int, float], float, float]:
     """Return ({n: t(n)}, v, 1-token call seconds) from the target calls of `runs` themselves.

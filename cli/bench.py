@@ -81,7 +81,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     from specdec.bench.report import anchor_rows, markdown_report
     from specdec.bench.replay import CostModel
     from specdec.bench.runner import (BASELINE, call_costs_of_runs, configurations, group_summary, replay_rows,
-                                      rollback_cost, run_bench, summarize)
+                                      rollback_cost, run_bench, situation_rows, summarize)
     from specdec.models.manifest import sha256_of_file
     from specdec.runtime.engine import DEFAULT_DRAFT_TOKENS, Engine
     from specdec.runtime.prompts import load_prompts
@@ -112,6 +112,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     rows = summarize(runs, cost)
     groups = group_summary(rows)
     replays = replay_rows(runs, prompt_ids, rows, cost, sorted({k, 2 * k}), ngram_fixed)
+    situations = situation_rows(runs)
 
     anchor_table: list[dict] = []
     eos = sorted(engine.eos_token_ids)
@@ -147,11 +148,12 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         "call_costs_source": engine.call_costs_source,
         "versions": _versions(),
     }
-    document = {"meta": meta, "groups": groups, "rows": rows, "replay": replays, "anchors": anchor_table,
+    document = {"meta": meta, "groups": groups, "rows": rows, "replay": replays, "situations": situations,
+                "anchors": anchor_table,
                 "anchor_runs": [{**a.__dict__, "tokens_per_second": a.tokens_per_second} for a in anchor_runs]}
     output.mkdir(parents=True, exist_ok=True)
     (output / "bench.json").write_text(json.dumps(document, indent=2) + "\n")
-    markdown = markdown_report(meta, groups, rows, anchor_table, replays)
+    markdown = markdown_report(meta, groups, rows, anchor_table, replays, situations)
     if not no_plot:
         from specdec.cli.plots import plot_bench
 

@@ -2,7 +2,8 @@
 
 import statistics
 
-from specdec.bench.runner import BenchConfig, Run, call_costs_of_runs, rollback_cost
+from specdec.bench.report import situation_section
+from specdec.bench.runner import BenchConfig, Run, call_costs_of_runs, rollback_cost, situation_rows
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
 
@@ -77,3 +78,27 @@ def test_loop_records_every_target_call(tiny_target_only_artifact):
     assert all(later[0] > earlier[0] for earlier, later in zip(calls, calls[1:]))
     assert calls[-1][0] < prompt_length + len(result.token_ids)
     assert "call_log" not in result.stats.as_dict()
+
+
+def test_situation_rows_pool_autos_runs_per_group():
+    auto = BenchConfig("ngram auto", "ngram", "auto")
+    open_case = PromptCase(id="o", group="open", prompt="z", chat=False)
+
+    def counts(iterations, drafted, accepted, tests):
+        return {"iterations": iterations, "drafted": drafted, "accepted": accepted, "acceptance_tests": tests}
+
+    runs = [
+        _run(CASE, auto, by_situation={"seen once": counts(3, 12, 9, 10), "no match": counts(1, 0, 0, 0)}),
+        _run(LONG, auto, by_situation={"seen once": counts(1, 4, 0, 1), "ambiguous": counts(4, 4, 1, 4)}),
+        _run(open_case, auto, by_situation={"seen once": counts(2, 8, 8, 8)}),
+        _run(CASE, by_situation={"seen once": counts(50, 200, 0, 50)}),  # fixed K: not auto's
+    ]
+    rows = {(r["group"], r["situation"]): r for r in situation_rows(runs)}
+    once = rows[("grounded", "seen once")]
+    assert once["iterations"] == 4 and abs(once["iteration_share"] - 4 / 9) < 1e-12
+    assert once["drafted_per_iteration"] == 4.0 and abs(once["alpha"] - 9 / 11) < 1e-12
+    assert rows[("grounded", "no match")]["alpha"] is None
+    assert rows[("open", "seen once")]["iteration_share"] == 1.0
+    table = "\n".join(situation_section(situation_rows(runs)))
+    assert "| grounded | seen once | 4 | 44% | 4.00 | 0.82 |" in table and "| grounded | no match | 1 |" in table
+    assert situation_section([]) == []
