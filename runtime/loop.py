@@ -19,7 +19,7 @@ import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.acceptance import Verdict, greedy_verify, rejection_sample
-from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength, FixedDraftLength
+from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, Proposal
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.sampling import SamplingConfig, next_token, process_logits
@@ -94,12 +94,12 @@ def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max
     if finished:
         return
 
+    drafting = drafter is not None and draft_length is not None
     while True:
         remaining = max_new_tokens - generated
-        situation = drafter.situation(context) if draft_length and drafter else ANY_SITUATION
+        situation = drafter.situation(context) if drafting else None
         # The target call takes k+1 tokens on a cache of len(context)-1 positions.
-        k = min(draft_length.choose(situation) if draft_length and drafter else 0, remaining - 1,
-                limit - len(context))
+        k = min(draft_length.choose(situation) if drafting else 0, remaining - 1, limit - len(context))
 
         # 1. draft
         proposal = Proposal([], None)
@@ -127,11 +127,8 @@ def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max
         context.extend(new_tokens)
         if drafter is not None and drafts:
             drafter.sync(context)
-        _count(stats, drafts, verdict)
-        if drafter is not None and draft_length is not None:
-            stats.count_situation(situation, len(drafts), verdict.num_accepted,
-                                  verdict.num_accepted + (0 if verdict.is_bonus or not drafts else 1))
-        if draft_length is not None and drafter is not None:
+        _count(stats, drafts, verdict, situation)
+        if drafting:
             draft_length.observe(len(drafts), verdict.num_accepted,
                                  rejected=not verdict.is_bonus and bool(drafts), draft_step_seconds=drafter.step_seconds,
                                  target_tokens=len(drafts) + 1, target_seconds=target_call, situation=situation)
@@ -139,8 +136,7 @@ def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max
         committed = _cut_at_eos(new_tokens, eos_token_ids)
         generated += len(committed)
         finished = _finish_reason(committed, generated, max_new_tokens, eos_token_ids, len(context), limit)
-        yield Iteration(drafts, verdict.num_accepted, committed, verdict.is_bonus, finished,
-                        situation if drafter is not None and draft_length is not None else None)
+        yield Iteration(drafts, verdict.num_accepted, committed, verdict.is_bonus, finished, situation)
         if finished:
             return
 
@@ -153,16 +149,20 @@ def _verify(drafts: list[int], proposal: Proposal, logits: np.ndarray, sampling:
     return rejection_sample(drafts, target_probs, proposal.probs, rng)
 
 
-def _count(stats: GenerationStats, drafts: list[int], verdict: Verdict) -> None:
+def _count(stats: GenerationStats, drafts: list[int], verdict: Verdict, situation: str | None) -> None:
     stats.iterations += 1
     stats.target_calls += 1
     stats.drafted += len(drafts)
     stats.draft_lengths[len(drafts)] = stats.draft_lengths.get(len(drafts), 0) + 1
     stats.accepted += verdict.num_accepted
+    tests = 0
     if drafts:
         # Every accepted draft was one test; a rejection is one more; a bonus token is none.
-        stats.acceptance_tests += verdict.num_accepted + (0 if verdict.is_bonus else 1)
+        tests = verdict.num_accepted + (0 if verdict.is_bonus else 1)
+        stats.acceptance_tests += tests
         stats.bonus_tokens += int(verdict.is_bonus)
+    if situation is not None:
+        stats.count_situation(situation, len(drafts), verdict.num_accepted, tests)
 
 
 def _cut_at_eos(tokens: list[int], eos_token_ids: set[int]) -> list[int]:
