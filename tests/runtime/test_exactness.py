@@ -26,7 +26,7 @@ def test_greedy_speculative_equals_target_only(engines, family, drafter):
     for prompt in PROMPTS:
         reference = greedy(engine, prompt, drafter="none")
         assert len(reference.token_ids) == 48 or reference.finish_reason == "eos"
-        for k in (1, 2, 4, 7):
+        for k in (1, 2, 4, 7, "auto"):
             result = greedy(engine, prompt, drafter=drafter, num_draft_tokens=k)
             mismatches = near_tie_mismatches(engine, reference.prompt_ids, reference.token_ids, result.token_ids)
             if not mismatches:
@@ -84,12 +84,14 @@ def _target_joint(engine, prompt_ids, sampling):
     return joint
 
 
-@pytest.mark.parametrize("drafter, settings", [
-    ("model", dict(temperature=1.3, top_k=6)),
-    ("model", dict(temperature=0.9, top_p=0.8)),
-    ("ngram", dict(temperature=1.5, top_k=5, top_p=0.95)),
+@pytest.mark.parametrize("drafter, settings, k", [
+    ("model", dict(temperature=1.3, top_k=6), 3),
+    ("model", dict(temperature=0.9, top_p=0.8), 3),
+    ("ngram", dict(temperature=1.5, top_k=5, top_p=0.95), 3),
+    # auto picks K from the n-gram match's situation before drafting: still only from the past
+    ("ngram", dict(temperature=1.5, top_k=5, top_p=0.95), "auto"),
 ])
-def test_sampled_speculative_matches_target_distribution(tiny_near_draft_artifact, drafter, settings):
+def test_sampled_speculative_matches_target_distribution(tiny_near_draft_artifact, drafter, settings, k):
     """Chi-square test of the first two tokens' joint distribution against the exact target one.
 
     The second token is always produced by a verify step (drafts accepted, or the residual
@@ -109,7 +111,7 @@ def test_sampled_speculative_matches_target_distribution(tiny_near_draft_artifac
     for seed in range(runs):
         # 4 new tokens: the prefill gives the 1st, then one verify call with K = 2 drafts.
         # ngram_min=1: the 1st token must be enough of a suffix for the n-gram drafter to propose.
-        config = GenerationConfig(max_new_tokens=4, seed=seed, drafter=drafter, num_draft_tokens=3, ngram_min=1,
+        config = GenerationConfig(max_new_tokens=4, seed=seed, drafter=drafter, num_draft_tokens=k, ngram_min=1,
                                   **settings)
         result = engine.generate(prompt_ids, config)
         drafted += result.stats.drafted
