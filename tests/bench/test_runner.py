@@ -3,7 +3,7 @@
 import statistics
 
 from specdec.bench.report import situation_section
-from specdec.bench.runner import BenchConfig, Run, call_costs_of_runs, rollback_cost, situation_rows
+from specdec.bench.runner import BenchConfig, Run, call_costs_of_runs, rollback_cost, situation_rows, summarize
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
 
@@ -102,3 +102,16 @@ def test_situation_rows_pool_autos_runs_per_group():
     table = "\n".join(situation_section(situation_rows(runs)))
     assert "| grounded | seen once | 4 | 44% | 4.00 | 0.82 |" in table and "| grounded | no match | 1 |" in table
     assert situation_section([]) == []
+
+
+def test_time_shares_pool_the_repeats_and_never_pass_the_whole():
+    # Per run, target + prefill is all of the time; the medians of the parts (1.2 + 1.2) would
+    # read 120% of the median total (2.0).
+    parts = [(1.9, 0.1, 2.0), (0.1, 1.9, 2.0), (1.2, 1.2, 2.4)]
+    runs = []
+    for repeat, (target, prefill, total) in enumerate(parts):
+        runs.append(Run(repeat, CASE, BASELINE, [], GenerationStats(new_tokens=9, total_seconds=1.0, prefill_seconds=0.1)))
+        runs.append(Run(repeat, CASE, BenchConfig("ngram K=4", "ngram", 4), [], GenerationStats(
+            new_tokens=9, target_seconds=target, prefill_seconds=prefill, total_seconds=total)))
+    row = next(r for r in summarize(runs) if r["config"] == "ngram K=4")
+    assert abs(row["target_share"] - 1.0) < 1e-12 and row["draft_share"] == 0.0 and row["other_share"] < 1e-12
