@@ -37,7 +37,7 @@ class Drafter(Protocol):
     name: str
 
     def situation(self, context: list[int]) -> str:
-        """Return a label for the proposal `propose` would make after `context` (its acceptance is learned per label)."""
+        """Return a label for the proposal `propose` would make after `context` (auto learns alpha per label)."""
         ...
 
     def propose(self, context: list[int], k: int) -> Proposal:

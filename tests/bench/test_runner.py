@@ -110,7 +110,8 @@ def test_time_shares_pool_the_repeats_and_never_pass_the_whole():
     parts = [(1.9, 0.1, 2.0), (0.1, 1.9, 2.0), (1.2, 1.2, 2.4)]
     runs = []
     for repeat, (target, prefill, total) in enumerate(parts):
-        runs.append(Run(repeat, CASE, BASELINE, [], GenerationStats(new_tokens=9, total_seconds=1.0, prefill_seconds=0.1)))
+        runs.append(Run(repeat, CASE, BASELINE, [],
+                        GenerationStats(new_tokens=9, total_seconds=1.0, prefill_seconds=0.1)))
         runs.append(Run(repeat, CASE, BenchConfig("ngram K=4", "ngram", 4), [], GenerationStats(
             new_tokens=9, target_seconds=target, prefill_seconds=prefill, total_seconds=total)))
     row = next(r for r in summarize(runs) if r["config"] == "ngram K=4")
