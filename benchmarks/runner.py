@@ -10,7 +10,7 @@ from specdec.bench.replay import CostModel, replay_ngram
 from specdec.runtime.call_costs import non_decreasing
 from specdec.runtime.engine import NGRAM_MIN_AUTO, NGRAM_MIN_FIXED_K, Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
-from specdec.runtime.stats import GenerationStats
+from specdec.runtime.stats import GenerationStats, situation_alpha
 from specdec.runtime.theory import verify_cost_from_calls
 
 BASELINE = "target-only"
@@ -179,7 +179,7 @@ def situation_rows(runs: Sequence[Run]) -> list[dict]:
     rows = [{"group": group, "situation": situation, "iterations": c["iterations"],
              "iteration_share": c["iterations"] / per_group[group],
              "drafted_per_iteration": c["drafted"] / c["iterations"],
-             "alpha": c["accepted"] / c["acceptance_tests"] if c["acceptance_tests"] else None}
+             "alpha": situation_alpha(c)}
             for (group, situation), c in totals.items()]
     return sorted(rows, key=lambda r: (r["group"], -r["iterations"]))
 

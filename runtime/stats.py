@@ -8,6 +8,11 @@ from typing import Any, Callable
 from specdec.runtime.theory import expected_speedup_over_lengths
 
 
+def situation_alpha(counts: dict[str, int]) -> float | None:
+    """Return accepted / acceptance tests of one GenerationStats.by_situation entry (None: no test)."""
+    return counts["accepted"] / counts["acceptance_tests"] if counts["acceptance_tests"] else None
+
+
 @dataclass
 class GenerationStats:
     """Counters and timers of one generation. Times are wall seconds.
@@ -143,8 +148,9 @@ class GenerationStats:
             f"c={self.cost_ratio:.3f}, theoretical speedup {self.theoretical_speedup:.2f}x",
         ]
         if len(self.by_situation) > 1:
-            parts = [f"{label} {c['iterations']}" + (f" (alpha {c['accepted'] / c['acceptance_tests']:.2f})"
-                                                      if c["acceptance_tests"] else "")
-                     for label, c in sorted(self.by_situation.items(), key=lambda item: -item[1]["iterations"])]
+            parts = []
+            for label, counts in sorted(self.by_situation.items(), key=lambda item: -item[1]["iterations"]):
+                alpha = situation_alpha(counts)
+                parts.append(f"{label} {counts['iterations']}" + (f" (alpha {alpha:.2f})" if alpha is not None else ""))
             lines.append("iterations by drafting situation: " + ", ".join(parts))
         return "\n".join(lines)
