@@ -18,13 +18,55 @@ class AnchorRun:
 
     system: str  # e.g. "transformers greedy"
     prompt_id: str
-    token_ids: list[int]
+    token_ids: list[int]  # as the anchor returned them, even beyond max_new_tokens
     seconds: float  # wall time of generate(), prefill included
+    max_new_tokens: int | None = None  # what was asked for (None: count every token)
 
     @property
     def tokens_per_second(self) -> float:
-        """Return new tokens per second over the whole call."""
-        return len(self.token_ids) / self.seconds if self.seconds else 0.0
+        """Return new tokens per second over the whole call, counting at most max_new_tokens of them.
+
+        transformers' prompt lookup can return a few tokens more than asked for (measured:
+        132 for 128); those are not what the user asked for, so they do not raise its rate.
+        """
+        counted = len(self.token_ids) if self.max_new_tokens is None else min(len(self.token_ids),
+                                                                               self.max_new_tokens)
+        return counted / self.seconds if self.seconds else 0.0
+
+
+EQUAL, PAST_MAX_NEW_TOKENS, DIFFERS = "equal", "past max_new_tokens", "differs"
+
+
+@dataclass(frozen=True)
+class GreedyAgreement:
+    """How an anchor's greedy tokens compare with specdec's target-only greedy tokens for one prompt."""
+
+    kind: str  # EQUAL; PAST_MAX_NEW_TOKENS: equal over all the tokens asked for, then more; DIFFERS
+    position: int | None = None  # DIFFERS: index of the first generated token that differs
+    extra_tokens: int = 0  # PAST_MAX_NEW_TOKENS: how many tokens beyond max_new_tokens
+
+
+def greedy_agreement(reference: Sequence[int], anchor: Sequence[int], max_new_tokens: int,
+                     eos_token_ids: Sequence[int]) -> GreedyAgreement:
+    """Return how `anchor` (an anchor's generated ids) agrees with `reference` (specdec's, same prompt).
+
+    A final end-of-sequence token is left out on both sides: specdec returns it,
+    onnxruntime-genai does not. Equal text is not enough (two token sequences can decode
+    alike); one that stops early, or goes on after the reference ended, differs where the
+    shorter one ends.
+    """
+    eos = set(eos_token_ids)
+    reference, anchor = list(reference), list(anchor)
+    for ids in (reference, anchor):
+        if ids and ids[-1] in eos:
+            ids.pop()
+    if anchor == reference:
+        return GreedyAgreement(EQUAL)
+    if len(reference) == max_new_tokens and anchor[:max_new_tokens] == reference:
+        return GreedyAgreement(PAST_MAX_NEW_TOKENS, extra_tokens=len(anchor) - max_new_tokens)
+    position = next((i for i, (a, b) in enumerate(zip(reference, anchor)) if a != b),
+                    min(len(reference), len(anchor)))
+    return GreedyAgreement(DIFFERS, position=position)
 
 
 def load_torch_model(source: str, threads: int | None = None):
@@ -64,5 +106,5 @@ def run_transformers(model, prompt_ids: dict[str, list[int]], max_new_tokens: in
                                             max_new_tokens=max_new_tokens, eos_token_id=list(eos_token_ids),
                                             pad_token_id=eos_token_ids[0], **extra)
                 seconds = time.perf_counter() - start
-                runs.append(AnchorRun(system, prompt_id, output[0, len(ids):].tolist(), seconds))
+                runs.append(AnchorRun(system, prompt_id, output[0, len(ids):].tolist(), seconds, max_new_tokens))
     return runs

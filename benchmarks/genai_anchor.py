@@ -130,7 +130,7 @@ def run_genai(python: Path, model_dir: Path | None, prompt_ids: dict[str, list[i
                                text=True, timeout=3600)
     if completed.returncode != 0:
         raise SpecdecError(f"onnxruntime-genai anchor failed: {completed.stderr.strip().splitlines()[-1:]}")
-    return [AnchorRun(**run) for run in json.loads(completed.stdout)]
+    return [AnchorRun(**run, max_new_tokens=max_new_tokens) for run in json.loads(completed.stdout)]
 
 
 if __name__ == "__main__":

@@ -119,12 +119,19 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     if anchors:  # PyTorch is slow here: one repeat
         anchor_runs += _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress)
     if anchor_runs:
-        baseline_text = {r.prompt.id: engine.codec.decode(r.token_ids)
-                         for r in runs if r.config.name == BASELINE and r.repeat == 0}
+        baseline_ids = {r.prompt.id: r.token_ids for r in runs if r.config.name == BASELINE and r.repeat == 0}
+
+        def logit_gap(prompt_id: str, position: int) -> float:
+            """The target's top-2 logit gap at the first token where an anchor parts from specdec."""
+            context = prompt_ids[prompt_id] + baseline_ids[prompt_id][:position]
+            top2 = np.sort(engine.target.forward(engine.target.new_cache(len(context)), context)[-1])[-2:]
+            return float(top2[1] - top2[0])
+
         anchor_table = anchor_rows(
-            anchor_runs, rows, {case.id: case.group for case in prompts}, baseline_text, engine.codec.decode,
+            anchor_runs, rows, {case.id: case.group for case in prompts}, baseline_ids,
             {"transformers greedy": BASELINE, "transformers prompt-lookup": ngram_fixed,
-             "onnxruntime-genai greedy": BASELINE, "onnxruntime-genai ngram": ngram_fixed})
+             "onnxruntime-genai greedy": BASELINE, "onnxruntime-genai ngram": ngram_fixed},
+            max_new_tokens, eos, logit_gap)
 
     meta = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

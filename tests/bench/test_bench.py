@@ -33,7 +33,7 @@ def test_bench_writes_table_json_and_plot(tiny_artifacts, tmp_path):
     assert all(r["speedup"] == 1.0 for r in baseline)
     systems = {a["system"] for a in document["anchors"]}
     assert systems == {"transformers greedy", "transformers prompt-lookup"}
-    assert all(a["greedy_equal_text"] == "1/1" for a in document["anchors"] if a["system"] == "transformers greedy")
+    assert all(a["greedy_equal"] == "1/1" for a in document["anchors"] if a["system"] == "transformers greedy")
     assert (out / "bench.png").stat().st_size > 1000
     text = results.read_text()
     assert "| grounded | model K=3 |" in text and "## Anchors" in text
