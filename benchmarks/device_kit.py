@@ -6,8 +6,10 @@ device-kit`) writes, under `.device/` (git-ignored):
 - part01/, part02/, ...: the onnxruntime-gpu wheel for the machine's Python, cut in pieces of
   at most PART_BYTES, one folder per call;
 - kit/: the specdec wheel (runtime only; the machine's image already has numpy,
-  tokenizers, click and jinja2) and a tiny llama draft+target artifact exported with a
-  concat KV cache (fp32 works on CUDA; an fp32 shared buffer is refused there);
+  tokenizers, click and jinja2) and two tiny llama draft+target artifacts: fp32 with a
+  concat KV cache (the slice graph's rollback on the device), and fp16 with one shared
+  KV buffer per tensor (CUDA's GroupQueryAttention writing the cache in place: the default
+  for a llama-family model exported `--dtype fp16`, converted on this CPU);
 - plan.json and PLAN.md: the calls to make, in order, each with its `carry` list and
   command: one per piece, then one carrying the kit, which joins the pieces, checks the
   wheel's sha256, installs both wheels and runs the checks on CUDA against a CPU reference.
@@ -79,15 +81,20 @@ def plan_calls(root: str, parts: list[Path], wheel_name: str, wheel_sha256: str,
     return calls
 
 
-def _export_tiny_pair(folder: Path) -> str:
+# name -> export settings of the tiny llama pairs the check runs: both ways the runtime keeps a KV cache on CUDA
+TINY_ARTIFACTS = {"tiny-llama-concat": {"shared_kv": False}, "tiny-llama-fp16-shared": {"dtype": "fp16"}}
+
+
+def _export_tiny_pairs(folder: Path) -> list[str]:
+    """Export the TINY_ARTIFACTS into `folder`; return their names."""
     from specdec.exporter.pipeline import ExportConfig, run_export
     from specdec.exporter.tiny_models import build_tiny_pair
 
     target, draft = build_tiny_pair(folder.parent / "tiny-sources", "llama", seed=0)  # not carried
-    name = "tiny-llama-concat"
-    run_export(ExportConfig(target=str(target), draft=str(draft), output=folder / name, shared_kv=False,
-                            force=True), progress=lambda message: None)
-    return name
+    for name, settings in TINY_ARTIFACTS.items():
+        run_export(ExportConfig(target=str(target), draft=str(draft), output=folder / name, force=True, **settings),
+                   progress=lambda message: None)
+    return list(TINY_ARTIFACTS)
 
 
 def build_kit(root: Path, repo: Path) -> list[DeviceCall]:
@@ -109,7 +116,7 @@ def build_kit(root: Path, repo: Path) -> list[DeviceCall]:
         old.unlink()
     subprocess.run([*pip, "wheel", "--no-deps", "-w", str(kit), str(repo)], check=True)
     specdec_wheel = next(kit.glob("specdec-*.whl")).name
-    artifacts = [_export_tiny_pair(kit)]
+    artifacts = _export_tiny_pairs(kit)
     calls = plan_calls(root.name if root.parent == repo else str(root), parts, wheel.name, sha256_of_file(wheel),
                        specdec_wheel, artifacts)
     (root / "plan.json").write_text(json.dumps([asdict(call) for call in calls], indent=2))

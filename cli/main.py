@@ -39,7 +39,8 @@ def main() -> None:
 @click.option("--output", "-o", required=True, type=click.Path(path_type=Path),
               help="Artifact folder to create. Written atomically: nothing is left there on failure.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
-              help="Weights dtype of the exported graphs. fp16 needs --device cuda.")
+              help="Float dtype of the exported graphs (weights, KV cache, logits). fp16 with --device cpu: "
+                   "exported in fp32, then converted, for a GPU box (CUDA's fused attention takes fp16).")
 @click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default=None,
               help="Weight precision: fp32/fp16 as --dtype; int8 or int4 quantize the MatMul weights "
                    "(onnxruntime MatMulNBits) after an fp32 export. Validated with looser bounds.")
@@ -121,6 +122,8 @@ def inspect(artifact, as_json, no_verify) -> None:
             click.echo(f"         optimized: {'; '.join(applied)}" + (f" ({fused})" if fused else ""))
         else:
             click.echo(f"         plain optimum graph: {graph.optimization.get('note') or 'exported before the optimization stage'}")
+        if "half_precision" in graph.optimization:
+            click.echo("         fp16: exported in fp32 on the CPU, then converted (onnxruntime float16 converter)")
         if report:
             click.echo(
                 f"         validation: max |logit diff| {max(report['max_logit_diff_prefill'], report['max_logit_diff_step']):.2e} "

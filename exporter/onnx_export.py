@@ -6,7 +6,7 @@ import contextlib
 import io
 import logging
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -94,13 +94,7 @@ def read_layout(graph_path: Path, num_layers: int) -> GraphLayout:
             raise ExportError(f"exported graph has no '{required}' input")
     if "logits" not in outputs:
         raise ExportError("exported graph has no 'logits' output")
-    elem = inputs[past[0][0]].type.tensor_type.elem_type
-    external = sorted({
-        entry.value
-        for tensor in model.graph.initializer
-        for entry in tensor.external_data
-        if entry.key == "location"
-    })
+    kv_dtype, files = _kv_dtype_and_files(model, past[0][0], graph_path.name)
     return GraphLayout(
         input_ids_name="input_ids",
         attention_mask_name="attention_mask",
@@ -108,6 +102,25 @@ def read_layout(graph_path: Path, num_layers: int) -> GraphLayout:
         past_names=past,
         present_names=present,
         logits_name="logits",
-        kv_dtype=_ELEM_TO_NUMPY.get(elem, "float32"),
-        files=[graph_path.name] + external,
+        kv_dtype=kv_dtype,
+        files=files,
     )
+
+
+def reread_kv_dtype_and_files(graph_path: Path, layout: GraphLayout) -> GraphLayout:
+    """Return `layout` with the KV dtype and files of `graph_path` as it is now (after a conversion)."""
+    model = onnx.load(str(graph_path), load_external_data=False)
+    kv_dtype, files = _kv_dtype_and_files(model, layout.past_names[0][0], graph_path.name)
+    return replace(layout, kv_dtype=kv_dtype, files=files)
+
+
+def _kv_dtype_and_files(model: onnx.ModelProto, past_name: str, graph_name: str) -> tuple[str, list[str]]:
+    """Return (numpy dtype name of the past tensor `past_name`, [graph file, external data files...])."""
+    elem = next(value for value in model.graph.input if value.name == past_name).type.tensor_type.elem_type
+    external = sorted({
+        entry.value
+        for tensor in model.graph.initializer
+        for entry in tensor.external_data
+        if entry.key == "location"
+    })
+    return _ELEM_TO_NUMPY.get(elem, "float32"), [graph_name] + external

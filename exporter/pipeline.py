@@ -22,8 +22,9 @@ from specdec.models.manifest import (
     sha256_of_file,
     write_manifest,
 )
-from specdec.exporter.onnx_export import export_onnx, read_layout
+from specdec.exporter.onnx_export import export_onnx, read_layout, reread_kv_dtype_and_files
 from specdec.exporter.kv_slice import write_kv_slice_graph
+from specdec.exporter.half_precision import convert_graph_to_fp16
 from specdec.exporter.optimize import optimize_graph
 from specdec.exporter.shared_kv import SEQLENS_NAME, TOTAL_LENGTH_NAME
 from specdec.exporter.sources import LoadedSource, load_source
@@ -43,7 +44,8 @@ class ExportConfig:
     target: str  # hub id, local folder, or .gguf file
     draft: str | None  # same kinds, or None for a target-only artifact
     output: Path
-    dtype: str = "fp32"  # float dtype of the exported graphs: fp32 | fp16 (fp16 needs CUDA)
+    # float dtype of the exported graphs: fp32 | fp16 (on the CPU: exported in fp32, then converted)
+    dtype: str = "fp32"
     weights: str | None = None  # None: as dtype; int8 | int4: quantize the MatMul weights after export
     device: str = "cpu"  # where optimum traces the model: cpu | cuda
     opset: int | None = None  # None: optimum's default for the architecture
@@ -79,8 +81,6 @@ def check_config(config: ExportConfig) -> ExportConfig:
         raise ExportError(f"--dtype must be fp32 or fp16, got '{config.dtype}'")
     if config.device not in ("cpu", "cuda"):
         raise ExportError(f"--device must be cpu or cuda, got '{config.device}'")
-    if config.dtype == "fp16" and config.device == "cpu":
-        raise ExportError("--dtype fp16 cannot be exported or validated on the CPU; use --device cuda (needs a GPU) or --dtype fp32")
     if config.device == "cuda":
         import torch
 
@@ -105,8 +105,10 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
     folder = staging / role
     progress(f"{role}: exporting to ONNX with optimum (text-generation-with-past)")
     from_hub = not Path(loaded.export_path).exists()
+    # optimum traces fp16 only on a GPU; on the CPU the fp32 graph is converted after optimization.
+    convert_to_fp16 = config.dtype == "fp16" and config.device == "cpu"
     graph_path = export_onnx(loaded.export_path, folder / "onnx", config.opset, config.device,
-                             config.dtype, config.trust_remote_code,
+                             "fp32" if convert_to_fp16 else config.dtype, config.trust_remote_code,
                              revision=loaded.revision if from_hub else None)
     arch = loaded.architecture
     num_layers = arch.num_layers(loaded.config)
@@ -127,6 +129,10 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
     if config.weights:
         progress(f"{role}: quantizing MatMul weights to {config.weights}")
         optimization["quantization"] = quantize_graph(folder / layout.files[0], config.weights)
+    if convert_to_fp16:
+        progress(f"{role}: converting the graph to fp16")
+        optimization["half_precision"] = convert_graph_to_fp16(folder / layout.files[0])
+        layout = reread_kv_dtype_and_files(folder / layout.files[0], layout)
     kv_heads, head_dim = arch.num_kv_heads(loaded.config), arch.head_dim(loaded.config)
     files = [f"{role}/{name}" for name in layout.files]
     kv_slice_file = None  # a shared buffer rolls back by its length: nothing to crop

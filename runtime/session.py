@@ -23,7 +23,7 @@ def check_kv_buffer_device(spec: GraphSpec, device: str) -> None:
         raise GenerationError(
             f"the {spec.role} graph keeps an fp32 KV cache in one shared buffer, which onnxruntime's CUDA "
             "GroupQueryAttention cannot run (fp16/bf16 only): use --provider cpu, or re-export with "
-            "--dtype fp16 --device cuda, or with --no-shared-kv")
+            "--dtype fp16, or with --no-shared-kv")
 
 
 DEFAULT_CAPACITY = 256  # positions a shared-buffer cache starts with when the caller gives no hint

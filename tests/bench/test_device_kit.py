@@ -31,3 +31,22 @@ def test_plan_carries_one_piece_per_call_then_runs_the_check(tmp_path):
     assert "device_check .device/kit/tiny --provider cuda --reference cpu" in last
     assert all(len(call.command) <= 2000 for call in calls)  # the device tool's limit per command
     assert PART_BYTES < 64 * 2**20  # a piece leaves room for the working tree in one 64 MiB carry
+
+
+def test_the_kit_covers_both_ways_a_cache_lives_on_cuda_and_both_pass_on_the_cpu(tmp_path):
+    from specdec.bench import device_check
+    from specdec.bench.device_kit import _export_tiny_pairs
+    from specdec.models.manifest import load_manifest
+    from specdec.runtime.session import check_kv_buffer_device
+
+    names = _export_tiny_pairs(tmp_path / "kit")
+    layouts = {}
+    for name in names:
+        manifest = load_manifest(tmp_path / "kit" / name)
+        layouts[name] = (manifest.target.kv_buffer, manifest.target.kv_dtype)
+        for spec in manifest.graphs():
+            check_kv_buffer_device(spec, "cuda")  # neither is refused on CUDA
+        check = device_check.check_artifact(tmp_path / "kit" / name, "cpu", max_new_tokens=8)
+        assert check.failures == []
+        assert all(run["greedy_equals_target_only"] for run in check.runs if run["drafter"] != "none")
+    assert sorted(layouts.values()) == [("concat", "float32"), ("shared", "float16")]

@@ -185,10 +185,37 @@ def test_output_is_a_file(tiny_sources, tmp_path):
     assert out.read_text() == "x"
 
 
-def test_fp16_on_cpu_suggests_cuda(tiny_sources, tmp_path):
-    target, _ = tiny_sources["gpt2"]
-    message = _refused(["--target", str(target), "--draft", "none", "--dtype", "fp16"], tmp_path, "fp16")
-    assert "--device cuda" in message
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_fp16_export_without_a_gpu(tiny_sources, tmp_path, family):
+    """--dtype fp16 on the CPU: exported in fp32, optimized, converted, validated; the runtime stays exact."""
+    import onnx
+
+    from specdec.runtime.engine import Engine, GenerationConfig
+    from specdec.runtime.session import check_kv_buffer_device
+
+    target, draft = tiny_sources[family]
+    out = tmp_path / "fp16"
+    result = CliRunner().invoke(main, ["export", "--target", str(target), "--draft", str(draft), "--dtype", "fp16",
+                                       "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "converting the graph to fp16" in result.output
+    manifest = load_manifest(out)
+    for spec in (manifest.target, manifest.draft):
+        assert spec.kv_dtype == "float16" and spec.weights_dtype == "fp16"
+        assert spec.optimization["half_precision"]["sha256_after"] == spec.sha256[spec.files[0]]
+        graph = onnx.load(str(out / spec.files[0]))
+        float32 = [t.name for t in graph.graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
+        outputs = {o.type.tensor_type.elem_type for o in graph.graph.output}
+        assert float32 == [] and outputs == {onnx.TensorProto.FLOAT16}
+        assert manifest.validation[spec.role]["passed"]
+        check_kv_buffer_device(spec, "cuda")  # an fp16 shared buffer is what CUDA's fused attention takes
+    assert (manifest.target.kv_buffer == "shared") == (family == "llama")
+    engine = Engine.load(out, provider="cpu")
+    plain = engine.generate("one two three one two", GenerationConfig(max_new_tokens=24, drafter="none")).token_ids
+    for drafter in ("model", "ngram"):
+        for k in (3, "auto"):
+            config = GenerationConfig(max_new_tokens=24, drafter=drafter, num_draft_tokens=k)
+            assert engine.generate("one two three one two", config).token_ids == plain, (drafter, k)
 
 
 def test_interrupt_leaves_nothing(tiny_sources, tmp_path, monkeypatch):
