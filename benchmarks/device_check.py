@@ -116,10 +116,14 @@ def first_mismatch(reference: Engine, prompt_ids: list[int], expected: list[int]
     gap there (small: a near-tie that rounding may flip); None where they agree."""
     for position, (a, b) in enumerate(zip(expected, actual)):
         if a != b:
-            cache = reference.target.new_cache()
-            top2 = np.sort(reference.target.forward(cache, prompt_ids + expected[:position])[-1])[-2:]
-            return {"position": position, "top2_logit_gap": float(top2[1] - top2[0])}
+            return {"position": position, "top2_logit_gap": top2_logit_gap(reference, prompt_ids + expected[:position])}
     return None
+
+
+def top2_logit_gap(engine: Engine, context: list[int]) -> float:
+    """Return the gap between the two highest logits of `engine`'s target for the token after `context`."""
+    top2 = np.sort(engine.target.forward(engine.target.new_cache(len(context)), context)[-1])[-2:]
+    return float(top2[1] - top2[0])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,6 +78,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider, threads, results, as_json)
         return
     from specdec.bench import PROMPT_SET_VERSION, PROMPTS_FILE
+    from specdec.bench.device_check import top2_logit_gap
     from specdec.bench.report import anchor_rows, markdown_report
     from specdec.bench.replay import CostModel
     from specdec.bench.runner import (BASELINE, call_costs_of_runs, configurations, group_summary, replay_rows,
@@ -123,9 +124,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
 
         def logit_gap(prompt_id: str, position: int) -> float:
             """The target's top-2 logit gap at the first token where an anchor parts from specdec."""
-            context = prompt_ids[prompt_id] + baseline_ids[prompt_id][:position]
-            top2 = np.sort(engine.target.forward(engine.target.new_cache(len(context)), context)[-1])[-2:]
-            return float(top2[1] - top2[0])
+            return top2_logit_gap(engine, prompt_ids[prompt_id] + baseline_ids[prompt_id][:position])
 
         anchor_table = anchor_rows(
             anchor_runs, rows, {case.id: case.group for case in prompts}, baseline_ids,

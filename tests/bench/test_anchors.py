@@ -32,7 +32,8 @@ def test_anchor_rows_say_how_each_run_disagrees():
     baseline = {"a": [1, 3, 4, 5], "b": [1, 2, 9, 9]}
     runs = [AnchorRun("tf lookup", "a", [1, 3, 4, 5, 6, 7], 1.0, 4),  # 2 past the limit
             AnchorRun("tf lookup", "b", [1, 2, 8, 9], 1.0, 4),  # differs at token 2
-            AnchorRun("tf greedy", "a", [1, 3, 4, 5], 1.0, 4), AnchorRun("tf greedy", "b", [1, 2, 9, 9, 2], 1.0, 4)]
+            AnchorRun("tf greedy", "a", [1, 3, 4, 5], 1.0, 4), AnchorRun("tf greedy", "b", [1, 2, 9, 9, 2], 1.0, 4),
+            AnchorRun("genai", "b", [1, 2, 8, 9], 1.0, 4), AnchorRun("genai", "b", [1, 2, 8, 9], 1.0, 4)]
     spec_rows = [{"group": "g", "config": c, "tokens_per_second": 8.0} for c in ("plain", "ngram")]
     gaps = []
 
@@ -40,8 +41,8 @@ def test_anchor_rows_say_how_each_run_disagrees():
         gaps.append((prompt_id, position))
         return 0.0004
 
-    rows = anchor_rows(runs, spec_rows, {"a": "g", "b": "g"}, baseline, {"tf greedy": "plain", "tf lookup": "ngram"},
-                       4, EOS, logit_gap)
+    rows = anchor_rows(runs, spec_rows, {"a": "g", "b": "g"}, baseline,
+                       {"tf greedy": "plain", "tf lookup": "ngram", "genai": "plain"}, 4, EOS, logit_gap)
     by_system = {r["system"]: r for r in rows}
     assert by_system["tf greedy"]["greedy_equal"] == "2/2" and by_system["tf greedy"]["greedy_disagreements"] == []
     lookup = by_system["tf lookup"]
@@ -49,6 +50,9 @@ def test_anchor_rows_say_how_each_run_disagrees():
     assert lookup["tokens_per_second"] == 4.0  # the two tokens past the limit do not count
     cell = _agreement_cell(lookup, 4)
     assert cell == "0/2; 1 equal over all 4 tokens, then went on: +2; b differs from token 2 (top-2 logit gap 0.0004)"
+    # the same parting point, met again by another system or repeat, is looked up once and told once
+    assert _agreement_cell(by_system["genai"], 4) == "0/2; b differs from token 2 (top-2 logit gap 0.0004) (x2)"
+    assert gaps == [("b", 2)]
     notes = "\n".join(_agreement_notes(rows, 4))
     assert "tf lookup returned more tokens than the 4 asked for" in notes and "near-tie" in notes
     assert _agreement_notes([by_system["tf greedy"]], 4) == []
