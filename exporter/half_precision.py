@@ -21,6 +21,7 @@ from typing import Any
 
 import onnx
 
+from specdec.exporter.onnx_export import external_data_files
 from specdec.models.manifest import sha256_of_file
 
 METHOD = "onnxruntime.transformers.float16.convert_float_to_float16 after the fp32 export (keep_io_types=False)"
@@ -58,7 +59,4 @@ def convert_graph_to_fp16(graph_path: Path) -> dict[str, Any]:
 
 
 def _external_files(graph_path: Path) -> list[str]:
-    """Return the external data files `graph_path` refers to, relative to its folder."""
-    model = onnx.load(str(graph_path), load_external_data=False)
-    return sorted({entry.value for tensor in model.graph.initializer for entry in tensor.external_data
-                   if entry.key == "location"})
+    return external_data_files(onnx.load(str(graph_path), load_external_data=False))

@@ -117,10 +117,14 @@ def reread_kv_dtype_and_files(graph_path: Path, layout: GraphLayout) -> GraphLay
 def _kv_dtype_and_files(model: onnx.ModelProto, past_name: str, graph_name: str) -> tuple[str, list[str]]:
     """Return (numpy dtype name of the past tensor `past_name`, [graph file, external data files...])."""
     elem = next(value for value in model.graph.input if value.name == past_name).type.tensor_type.elem_type
-    external = sorted({
+    return _ELEM_TO_NUMPY.get(elem, "float32"), [graph_name] + external_data_files(model)
+
+
+def external_data_files(model: onnx.ModelProto) -> list[str]:
+    """Return the files `model` keeps weights in besides the graph file (relative to its folder; sorted)."""
+    return sorted({
         entry.value
         for tensor in model.graph.initializer
         for entry in tensor.external_data
         if entry.key == "location"
     })
-    return _ELEM_TO_NUMPY.get(elem, "float32"), [graph_name] + external
