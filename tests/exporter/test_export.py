@@ -240,8 +240,9 @@ def test_failed_validation_refuses(tiny_sources, tmp_path):
     assert not out.exists() and _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("model_type", ["qwen2", "mistral", "phi3"])
-def test_other_llama_like_families_export_and_run(model_type, tmp_path):
+def test_other_llama_like_families_export_and_run(model_type, dtype, tmp_path):
     """The families listed in models/architectures.py besides llama and gpt2, as tiny random models."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -258,8 +259,10 @@ def test_other_llama_like_families_export_and_run(model_type, tmp_path):
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     out = tmp_path / "art"
-    manifest = run_export(ExportConfig(target=str(folder), draft=str(folder), output=out), progress=lambda m: None)
+    manifest = run_export(ExportConfig(target=str(folder), draft=str(folder), output=out, dtype=dtype),
+                          progress=lambda m: None)
     assert manifest.target.model_type == model_type and manifest.validation["target"]["passed"]
+    assert manifest.target.kv_dtype == {"fp32": "float32", "fp16": "float16"}[dtype]
     assert (manifest.target.num_kv_heads, manifest.target.head_dim) == (2, 16)
     fused = manifest.target.optimization["fused_operators"]
     if model_type == "phi3":
