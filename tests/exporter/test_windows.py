@@ -53,15 +53,22 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_shared_buffer_matches_pytorch_past_the_window(tmp_path, case):
+# fp16 graphs (converted on the CPU) round every activation: held to a looser bound (they read
+# 1.7e-2 and 3.3e-2), still far below what a window one position off changes in these models
+# (2.4 to 7.1, measured in PyTorch with windows 7 and 9 against 8)
+ATOL = {"fp32": 2e-4, "fp16": 5e-2}
+
+
+@pytest.mark.parametrize("case, dtype", [(case, "fp32") for case in CASES]
+                         + [("mistral, window 8", "fp16"), ("qwen2, second layer slides", "fp16")])
+def test_shared_buffer_matches_pytorch_past_the_window(tmp_path, case, dtype):
     from specdec.runtime.session import ModelSession
 
     family, extra, windows = CASES[case]
     folder, model = _tiny(tmp_path, family, **extra)
     assert architecture_for(family).layer_windows(model.config.to_dict()) == windows
     out = tmp_path / "art"
-    run_export(ExportConfig(target=str(folder), draft=None, output=out), progress=lambda m: None)
+    run_export(ExportConfig(target=str(folder), draft=None, output=out, dtype=dtype), progress=lambda m: None)
     spec = load_manifest(out).target
     assert spec.kv_buffer == "shared"
     assert spec.optimization["fused_operators"]["GroupQueryAttention"] == 2
@@ -81,7 +88,7 @@ def test_shared_buffer_matches_pytorch_past_the_window(tmp_path, case):
     got.append(session.forward(cache, ids[20:27]))  # a multi-token call past the window
     for position in range(27, 40):
         got.append(session.forward(cache, ids[position:position + 1]))
-    np.testing.assert_allclose(np.concatenate(got), expected, atol=2e-4, rtol=0)
+    np.testing.assert_allclose(np.concatenate(got).astype(np.float32), expected, atol=ATOL[dtype], rtol=0)
 
 
 def test_layer_windows_from_raw_configs():
