@@ -210,6 +210,9 @@ def test_fp16_export_without_a_gpu(tiny_sources, tmp_path, family):
         assert manifest.validation[spec.role]["passed"]
         check_kv_buffer_device(spec, "cuda")  # an fp16 shared buffer is what CUDA's fused attention takes
     assert (manifest.target.kv_buffer == "shared") == (family == "llama")
+    generated = CliRunner().invoke(main, ["generate", str(out), "one two", "--max-new-tokens", "4",
+                                          "--provider", "cpu"])
+    assert generated.exit_code == 0 and "fp16 artifact runs on the CPU through casts" in generated.output
     engine = Engine.load(out, provider="cpu")
     plain = engine.generate("one two three one two", GenerationConfig(max_new_tokens=24, drafter="none")).token_ids
     for drafter in ("model", "ngram"):
