@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.theory import best_draft_length
+
+if TYPE_CHECKING:
+    from specdec.runtime.loop import Iteration
 
 
 ANY_SITUATION = "any"  # the label of a caller that does not tell situations apart
@@ -21,8 +25,7 @@ class FixedDraftLength:
         """Return K."""
         return self.k
 
-    def observe(self, drafted: int, accepted: int, rejected: bool, draft_step_seconds: float | None = None,
-                target_tokens: int = 0, target_seconds: float = 0.0, situation: str = ANY_SITUATION) -> None:
+    def observe(self, iteration: "Iteration") -> None:
         """Ignore feedback: K is fixed."""
 
 
@@ -96,21 +99,18 @@ class AdaptiveDraftLength:
             return 0
         return k
 
-    def observe(self, drafted: int, accepted: int, rejected: bool, draft_step_seconds: float | None = None,
-                target_tokens: int = 0, target_seconds: float = 0.0, situation: str = ANY_SITUATION) -> None:
-        """Update the estimates from one iteration drafted in `situation`.
-
-        `accepted` of `drafted` passed, `rejected` if a test failed; draft_step_seconds is
-        the drafter's mean single-token call time (None: model-free drafter); the target
-        call took `target_seconds` over `target_tokens` tokens.
-        """
+    def observe(self, iteration: "Iteration") -> None:
+        """Update the estimates from one iteration: its situation's alpha, c, and the target call's cost."""
+        target_tokens, target_seconds = len(iteration.drafted) + 1, iteration.target_seconds
         cost_ratio = None
-        if target_tokens > 0 and target_seconds > 0:
+        if target_seconds > 0:
             self.call_costs.observe(target_tokens, target_seconds)
-            if draft_step_seconds is not None:
+            if iteration.draft_step_seconds is not None:
                 # c is against a 1-token target call; this call's length is taken out.
-                cost_ratio = draft_step_seconds / self.call_costs.one_token_seconds(target_tokens, target_seconds)
-        tests = accepted + (1 if rejected else 0)
+                cost_ratio = iteration.draft_step_seconds / self.call_costs.one_token_seconds(target_tokens,
+                                                                                              target_seconds)
+        accepted, tests = iteration.num_accepted, iteration.acceptance_tests
+        situation = iteration.situation or ANY_SITUATION
         if tests > 0:  # a drafter with nothing to propose teaches nothing about alpha
             state = self.estimate(situation)
             if state.accepted is None:  # the starting guess enters as prior_tests tests

@@ -1,13 +1,16 @@
 """Drafters: whatever proposes tokens for the target to verify.
 
-The loop talks to a drafter through three calls:
+The loop talks to a drafter through four calls, llama.cpp-style:
+- `begin(prompt_ids)`: the draft's prefill, once, after the target's;
 - `situation(context)` -> a label for the kind of proposal it would make next (one label
   for a drafter that cannot tell); `-k auto` keeps one acceptance estimate per label;
 - `propose(context, k)` -> Proposal: up to k tokens, and their q rows (None: deterministic,
   q is one-hot at each proposed token);
-- `sync(context)`: after verification, the committed context; the drafter drops what
-  is no longer valid (its KV cache, for a model drafter).
-A new drafter is one class in this file with those three methods.
+- `accept(context)`: right after the target's rollback, the committed context; the drafter
+  drops what is no longer valid (its KV cache, for a model drafter).
+Counters live apart, in `stats` (DrafterStats). A drafter that reads the target's hidden
+states (a trained feature-level draft) takes them as `target_hidden` in begin/accept: the
+rows of the target call for the positions just committed.
 """
 
 from __future__ import annotations
@@ -31,10 +34,28 @@ class Proposal:
     probs: np.ndarray | None  # [k', vocab] processed q rows; None: one-hot at each token
 
 
+@dataclass(frozen=True)
+class DrafterStats:
+    """What a drafter's model calls have cost so far in one request (all zero for model-free drafters)."""
+
+    calls: int = 0  # draft model calls, the prefill included
+    session_seconds: float = 0.0  # time inside onnxruntime's session.run
+    step_seconds: float | None = None  # mean time of one single-token call (None: none made)
+
+
 class Drafter(Protocol):
     """What the decoding loop needs from a drafter (one instance per request)."""
 
     name: str
+
+    @property
+    def stats(self) -> DrafterStats:
+        """Return the drafter's counters so far."""
+        ...
+
+    def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
+        """Take the prompt before the first proposal (a model drafter runs its prefill)."""
+        ...
 
     def situation(self, context: list[int]) -> str:
         """Return a label for the proposal `propose` would make after `context` (auto learns alpha per label)."""
@@ -44,23 +65,8 @@ class Drafter(Protocol):
         """Return up to k draft tokens continuing `context` (prompt + committed tokens)."""
         ...
 
-    def sync(self, context: list[int]) -> None:
+    def accept(self, context: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Forget proposals that `context` (just committed) did not keep."""
-        ...
-
-    @property
-    def calls(self) -> int:
-        """Return how many model calls the drafter has made (0 for model-free drafters)."""
-        ...
-
-    @property
-    def session_seconds(self) -> float:
-        """Return the time spent inside onnxruntime's session.run (0 for model-free drafters)."""
-        ...
-
-    @property
-    def step_seconds(self) -> float | None:
-        """Return the mean time of one single-token draft call (None: no such calls, or no model)."""
         ...
 
 
@@ -83,23 +89,18 @@ class ModelDrafter:
         self._step_seconds = 0.0
         self._steps = 0
         # Cache positions already checked against the committed context (which never changes),
-        # so sync compares only the newest tail: no rescan of a long context per iteration.
+        # so accept compares only the newest tail: no rescan of a long context per iteration.
         self._checked = 0
 
     @property
-    def calls(self) -> int:
-        """Return the number of draft model calls so far."""
-        return self.cache.run_calls
+    def stats(self) -> DrafterStats:
+        """Return the draft model's calls, session time and mean single-token call time so far."""
+        return DrafterStats(self.cache.run_calls, self.cache.run_seconds,
+                            self._step_seconds / self._steps if self._steps else None)
 
-    @property
-    def session_seconds(self) -> float:
-        """Return the time inside the draft session's run."""
-        return self.cache.run_seconds
-
-    @property
-    def step_seconds(self) -> float | None:
-        """Return the mean session time of the single-token draft calls so far."""
-        return self._step_seconds / self._steps if self._steps else None
+    def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
+        """Run the draft's prefill over the prompt."""
+        self.session.forward(self.cache, prompt_ids)
 
     def situation(self, context: list[int]) -> str:
         """Return "model": a sampled draft gives no cheap hint of how it will fare."""
@@ -107,7 +108,7 @@ class ModelDrafter:
 
     def propose(self, context: list[int], k: int) -> Proposal:
         """Return k tokens sampled one at a time from the draft model, with their q rows."""
-        # Catch up on every committed token the draft has not seen (at least the last one).
+        # Catch up on the committed tokens the draft has not seen (at least the last one).
         logits = self.session.forward(self.cache, context[self.cache.length:])[-1]
         tokens: list[int] = []
         rows: list[np.ndarray] = []
@@ -126,7 +127,7 @@ class ModelDrafter:
                 self._steps += 1
         return Proposal(tokens, np.stack(rows) if rows else None)
 
-    def sync(self, context: list[int]) -> None:
+    def accept(self, context: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Roll the draft cache back to its longest prefix that agrees with the committed context."""
         cached = self.cache.token_ids
         limit = min(len(cached), len(context) - 1)  # keep >= 1 token to feed next time
@@ -145,12 +146,14 @@ class NgramDrafter:
     """
 
     name = "ngram"
-    calls = 0
-    session_seconds = 0.0
-    step_seconds = None
+    stats = DrafterStats()
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
         self.index = NgramIndex(min_n=min_n, max_n=max_n)
+
+    def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
+        """Index the prompt."""
+        self._catch_up(prompt_ids)
 
     def situation(self, context: list[int]) -> str:
         """Return how the matched n-gram continued before: one of ngram.SITUATIONS (+ ONE_TOKEN_MATCH)."""
@@ -166,5 +169,5 @@ class NgramDrafter:
         # Committed context only grows, so the index takes just the new tail.
         self.index.extend(context[len(self.index.tokens):])
 
-    def sync(self, context: list[int]) -> None:
+    def accept(self, context: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Nothing to forget: the index holds committed tokens only."""

@@ -16,7 +16,7 @@ from specdec.runtime.call_cost_cache import cache_key, load_call_costs, save_cal
 from specdec.runtime.call_costs import TargetCallCosts, relative_costs_from_step_times, step_times
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdec.runtime.loop import MAX_DRAFT_ROOM, Iteration, decode
+from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeRequest, Iteration, decode
 from specdec.runtime.providers import ort
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.session import ModelSession
@@ -259,23 +259,30 @@ class Engine:
         generated: list[int] = []
         finish = "length"
         start = time.perf_counter()
-        iterations = decode(self.target, ids, config.max_new_tokens, config.sampling, rng, self.eos_token_ids,
-                            stats, drafter, policy, self.max_positions)
-        for iteration in iterations:
-            if on_iteration:
-                on_iteration(iteration)
-            for token in iteration.committed:
-                generated.append(token)
-                piece = stop_filter.feed(decoder.push(token))
-                if piece:
-                    yield piece
+        request = DecodeRequest(ids, config.max_new_tokens, config.sampling, frozenset(self.eos_token_ids),
+                                self.max_positions)
+        cache = self.target.new_cache(capacity=request.cache_capacity)
+        iterations = decode(self.target, cache, request, rng, drafter, policy)
+        try:
+            for iteration in iterations:
+                stats.add(iteration)
+                if on_iteration:
+                    on_iteration(iteration)
+                for token in iteration.committed:
+                    generated.append(token)
+                    piece = stop_filter.feed(decoder.push(token))
+                    if piece:
+                        yield piece
+                    if stop_filter.stopped:
+                        break
                 if stop_filter.stopped:
+                    finish = "stop"
                     break
-            if stop_filter.stopped:
-                finish = "stop"
-                iterations.close()
-                break
-            finish = iteration.finished or finish
+                finish = iteration.finished or finish
+        finally:
+            # Also on a consumer's close(): the loop stops at the iteration it was on.
+            iterations.close()
+            stats.add_session_counters(cache, drafter.stats if drafter else None)
         tail = stop_filter.flush()
         if tail:
             yield tail

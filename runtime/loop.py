@@ -1,144 +1,159 @@
 """The decoding loop: speculative (Leviathan et al. 2023, Algorithm 1) and plain.
 
 One iteration, top to bottom:
-  1. draft   - the drafter proposes K tokens (and their q rows);
-  2. verify  - ONE target call scores the last committed token plus the K drafts;
-  3. accept  - greedy matching, or rejection sampling against p;
-  4. roll back - the target cache drops the rejected drafts' positions;
-  5. commit  - the accepted drafts and one more token (recovered or bonus) join the context.
-With no drafter, or K = 0, the same code is plain autoregressive decoding.
+  1. draft    - the drafter proposes K tokens (and their q rows);
+  2. verify   - ONE target call scores the last committed token plus the K drafts;
+  3. accept   - greedy matching, or rejection sampling against p;
+  4. roll back - the target cache and the drafter drop the rejected drafts, side by side;
+  5. commit   - the accepted drafts and one more token (recovered or bonus) join the context.
+With no drafter, or K = 0, the same code is plain autoregressive decoding. Statistics are
+not kept here: each Iteration carries its counts and timings, and the caller tallies them.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, replace
+from typing import Iterator, Protocol
 
 import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.acceptance import Verdict, greedy_verify, rejection_sample
-from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, Proposal
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.sampling import SamplingConfig, next_token, process_logits
 from specdec.runtime.session import ModelSession
-from specdec.runtime.stats import GenerationStats
 
 
 MAX_DRAFT_ROOM = 33  # K up to 32 (the CLI's cap), plus one
 
 
 @dataclass(frozen=True)
+class DecodeRequest:
+    """What one generation asks of the loop."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingConfig
+    eos_token_ids: frozenset[int]
+    max_positions: int  # the longest sequence every model of the request accepts
+
+    @property
+    def cache_capacity(self) -> int:
+        """Return the positions a cache needs: the whole generation plus one verify call's drafts."""
+        return len(self.prompt_ids) + self.max_new_tokens + MAX_DRAFT_ROOM
+
+    def check(self) -> None:
+        """Raise GenerationError for a prompt the models cannot take."""
+        if not self.prompt_ids:
+            raise GenerationError("the prompt is empty: give at least one token")
+        if len(self.prompt_ids) > self.max_positions:
+            raise GenerationError(f"prompt of {len(self.prompt_ids)} tokens is longer than the model's "
+                                  f"{self.max_positions} positions")
+
+
+@dataclass(frozen=True)
 class Iteration:
-    """What one target call committed."""
+    """What one target call committed, and what it cost.
+
+    Counts follow runtime/acceptance.py's terms. An EOS among the accepted drafts ends the
+    iteration there: the drafts after it are neither committed nor counted.
+    """
 
     drafted: list[int]  # tokens the drafter proposed (empty in plain decoding and the prefill)
-    num_accepted: int  # how many of them passed
-    committed: list[int]  # tokens appended to the output, after cutting at EOS and max_new_tokens
+    num_accepted: int  # committed drafts that passed the acceptance test
+    committed: list[int]  # tokens appended to the output, after cutting at EOS
     is_bonus: bool  # the last committed token came from the (K+1)-th row
     finished: str | None  # "eos", "length" (max_new_tokens) or "max_positions"; None to go on
     situation: str | None = None  # the drafter's label for this proposal (Drafter.situation); None: no drafter
+    rejected: bool = False  # an acceptance test failed; the last committed token is the recovered one
+    prefill: bool = False  # the prompt's call, which gives the first token
+    past_length: int = 0  # target cache positions before this call
+    draft_seconds: float = 0.0  # drafting (the draft's prefill included, on the first decode iteration)
+    target_seconds: float = 0.0  # this target call; for the prefill, prompt in to first token out
+    draft_step_seconds: float | None = None  # the drafter's mean 1-token call so far (None: no model)
+
+    @property
+    def acceptance_tests(self) -> int:
+        """Return the acceptance tests run on committed drafts: each accepted draft, plus a rejection."""
+        return self.num_accepted + int(self.rejected)
 
 
-def decode(
-    target: ModelSession,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    rng: np.random.Generator,
-    eos_token_ids: set[int],
-    stats: GenerationStats,
-    drafter: Drafter | None = None,
-    draft_length: FixedDraftLength | AdaptiveDraftLength | None = None,
-    max_positions: int | None = None,
-) -> Iterator[Iteration]:
+class DraftLengthPolicy(Protocol):
+    """Chooses K before each iteration and learns from the Iteration it produced."""
+
+    def choose(self, situation: str) -> int:
+        """Return K for the next iteration drafted in `situation` (0: decode one token plainly)."""
+        ...
+
+    def observe(self, iteration: Iteration) -> None:
+        """Learn from one finished iteration."""
+        ...
+
+
+def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np.random.Generator,
+           drafter: Drafter | None = None, draft_length: DraftLengthPolicy | None = None) -> Iterator[Iteration]:
     """Yield one Iteration per target call until EOS, max_new_tokens or the position limit.
 
-    The output is distributed exactly as the target's own (token for token under greedy).
+    `cache` is the target's, empty, owned by the caller. The output is distributed exactly
+    as the target's own (token for token under greedy).
     """
-    limit = max_positions or target.spec.max_positions
-    if len(prompt_ids) == 0:
-        raise GenerationError("the prompt is empty: give at least one token")
-    if len(prompt_ids) > limit:
-        raise GenerationError(f"prompt of {len(prompt_ids)} tokens is longer than the model's {limit} positions")
+    request.check()
     start = time.perf_counter()
-    # Room for the whole generation plus one verify call's drafts: a shared buffer never regrows.
-    cache = target.new_cache(capacity=len(prompt_ids) + max_new_tokens + MAX_DRAFT_ROOM)
-    try:
-        yield from _iterations(target, cache, prompt_ids, max_new_tokens, sampling, rng, eos_token_ids,
-                               stats, drafter, draft_length, limit, start)
-    finally:
-        # Runs on exhaustion and on close() (a stop string ends the loop early).
-        stats.session_run_seconds = cache.run_seconds
-        stats.rollback_seconds = cache.rollback_seconds
-        if drafter is not None:
-            stats.draft_calls = drafter.calls
-            stats.session_run_seconds += drafter.session_seconds
-
-
-def _iterations(target: ModelSession, cache: KVCache, prompt_ids: list[int], max_new_tokens: int,
-                sampling: SamplingConfig, rng: np.random.Generator, eos_token_ids: set[int],
-                stats: GenerationStats, drafter: Drafter | None,
-                draft_length: FixedDraftLength | AdaptiveDraftLength | None, limit: int,
-                start: float) -> Iterator[Iteration]:
-    logits = target.forward(cache, prompt_ids)
-    first = next_token(logits[-1], sampling, rng)
-    context = list(prompt_ids) + [first]
-    stats.prefill_seconds = time.perf_counter() - start
-    stats.target_calls = 1
+    logits = target.forward(cache, request.prompt_ids)
+    context = list(request.prompt_ids) + [next_token(logits[-1], request.sampling, rng)]
+    iteration = _finish(Iteration([], 0, context[-1:], False, None, prefill=True,
+                                  target_seconds=time.perf_counter() - start), request, context, generated=1)
     generated = 1
-    finished = _finish_reason([first], generated, max_new_tokens, eos_token_ids, len(context), limit)
-    yield Iteration([], 0, [first], False, finished)
-    if finished:
-        return
-
-    drafting = drafter is not None and draft_length is not None
-    while True:
-        remaining = max_new_tokens - generated
+    yield iteration
+    drafting = drafter is not None and draft_length is not None and not iteration.finished
+    draft_seconds = _timed(drafter.begin, request.prompt_ids) if drafting else 0.0  # the draft's prefill
+    while not iteration.finished:
         situation = drafter.situation(context) if drafting else None
         # The target call takes k+1 tokens on a cache of len(context)-1 positions.
-        k = min(draft_length.choose(situation) if drafting else 0, remaining - 1, limit - len(context))
+        k = min(draft_length.choose(situation) if drafting else 0,
+                request.max_new_tokens - generated - 1, request.max_positions - len(context))
 
         # 1. draft
-        proposal = Proposal([], None)
-        if k > 0:
-            t0 = time.perf_counter()
-            proposal = drafter.propose(context, k)
-            stats.draft_seconds += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        proposal = drafter.propose(context, k) if k > 0 else Proposal([], None)
+        draft_seconds += time.perf_counter() - t0
         drafts = proposal.tokens
 
         # 2. verify: one target call over the last committed token and the drafts
         t0 = time.perf_counter()
         logits = target.forward(cache, [context[-1]] + drafts)  # [len(drafts) + 1, vocab]
-        target_call = time.perf_counter() - t0
-        stats.target_seconds += target_call
-        stats.call_log.append((len(context) - 1, len(drafts) + 1, target_call))
+        target_seconds = time.perf_counter() - t0
 
         # 3. accept
-        verdict = _verify(drafts, proposal, logits, sampling, rng)
+        verdict = _verify(drafts, proposal, logits, request.sampling, rng)
 
-        # 4. roll back: keep the last committed token and the accepted drafts
+        # 4. roll back: the target keeps the last committed token and the accepted drafts; so does the draft
+        past_length = len(context) - 1
         cache.rollback(len(context) + verdict.num_accepted)
-        new_tokens = verdict.committed(drafts)
+        context.extend(verdict.committed(drafts))
+        if drafts:
+            drafter.accept(context)
 
         # 5. commit
-        context.extend(new_tokens)
-        if drafter is not None and drafts:
-            drafter.sync(context)
-        _count(stats, drafts, verdict, situation)
+        iteration = _cut_at_eos(Iteration(
+            drafts, verdict.num_accepted, verdict.committed(drafts), verdict.is_bonus, None, situation,
+            rejected=bool(drafts) and not verdict.is_bonus, past_length=past_length, draft_seconds=draft_seconds,
+            target_seconds=target_seconds, draft_step_seconds=drafter.stats.step_seconds if drafting else None),
+            request.eos_token_ids)
+        generated += len(iteration.committed)
+        iteration = _finish(iteration, request, context, generated)
         if drafting:
-            draft_length.observe(len(drafts), verdict.num_accepted,
-                                 rejected=not verdict.is_bonus and bool(drafts), draft_step_seconds=drafter.step_seconds,
-                                 target_tokens=len(drafts) + 1, target_seconds=target_call, situation=situation)
+            draft_length.observe(iteration)
+        draft_seconds = 0.0
+        yield iteration
 
-        committed = _cut_at_eos(new_tokens, eos_token_ids)
-        generated += len(committed)
-        finished = _finish_reason(committed, generated, max_new_tokens, eos_token_ids, len(context), limit)
-        yield Iteration(drafts, verdict.num_accepted, committed, verdict.is_bonus, finished, situation)
-        if finished:
-            return
+
+def _timed(function, *args) -> float:
+    start = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - start
 
 
 def _verify(drafts: list[int], proposal: Proposal, logits: np.ndarray, sampling: SamplingConfig,
@@ -149,35 +164,23 @@ def _verify(drafts: list[int], proposal: Proposal, logits: np.ndarray, sampling:
     return rejection_sample(drafts, target_probs, proposal.probs, rng)
 
 
-def _count(stats: GenerationStats, drafts: list[int], verdict: Verdict, situation: str | None) -> None:
-    stats.iterations += 1
-    stats.target_calls += 1
-    stats.drafted += len(drafts)
-    stats.draft_lengths[len(drafts)] = stats.draft_lengths.get(len(drafts), 0) + 1
-    stats.accepted += verdict.num_accepted
-    tests = 0
-    if drafts:
-        # Every accepted draft was one test; a rejection is one more; a bonus token is none.
-        tests = verdict.num_accepted + (0 if verdict.is_bonus else 1)
-        stats.acceptance_tests += tests
-        stats.bonus_tokens += int(verdict.is_bonus)
-    if situation is not None:
-        stats.count_situation(situation, len(drafts), verdict.num_accepted, tests)
+def _cut_at_eos(iteration: Iteration, eos_token_ids: frozenset[int]) -> Iteration:
+    """Return the iteration ending at its first EOS; an EOS among the drafts is the last accepted one."""
+    for index, token in enumerate(iteration.committed):
+        if token in eos_token_ids and index + 1 < len(iteration.committed):
+            return replace(iteration, committed=iteration.committed[: index + 1], num_accepted=index + 1,
+                            is_bonus=False, rejected=False)
+    return iteration
 
 
-def _cut_at_eos(tokens: list[int], eos_token_ids: set[int]) -> list[int]:
-    for index, token in enumerate(tokens):
-        if token in eos_token_ids:
-            return tokens[: index + 1]
-    return tokens
-
-
-def _finish_reason(committed: list[int], generated: int, max_new_tokens: int, eos_token_ids: set[int],
-                   context_length: int, limit: int) -> str | None:
-    if committed and committed[-1] in eos_token_ids:
-        return "eos"
-    if generated >= max_new_tokens:
-        return "length"
-    if context_length > limit:  # the last token would need a position past the model's limit
-        return "max_positions"
-    return None
+def _finish(iteration: Iteration, request: DecodeRequest, context: list[int], generated: int) -> Iteration:
+    """Return the iteration with its finish reason set (None: the loop goes on)."""
+    if iteration.committed[-1] in request.eos_token_ids:
+        reason = "eos"
+    elif generated >= request.max_new_tokens:
+        reason = "length"
+    elif len(context) > request.max_positions:  # the last token would need a position past the limit
+        reason = "max_positions"
+    else:
+        return iteration
+    return replace(iteration, finished=reason)

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from specdec.runtime.theory import expected_speedup_over_lengths
+
+if TYPE_CHECKING:
+    from specdec.runtime.drafters import DrafterStats
+    from specdec.runtime.kv_cache import KVCache
+    from specdec.runtime.loop import Iteration
 
 
 def situation_alpha(counts: dict[str, int]) -> float | None:
@@ -124,14 +129,35 @@ class GenerationStats:
             data[name] = getattr(self, name)
         return data
 
-    def count_situation(self, situation: str, drafted: int, accepted: int, tests: int) -> None:
-        """Add one iteration drafted in `situation` to by_situation."""
-        counts = self.by_situation.setdefault(
-            situation, {"iterations": 0, "drafted": 0, "accepted": 0, "acceptance_tests": 0})
-        counts["iterations"] += 1
-        counts["drafted"] += drafted
-        counts["accepted"] += accepted
-        counts["acceptance_tests"] += tests
+    def add(self, iteration: "Iteration") -> None:
+        """Count one iteration of the decoding loop (the prefill included)."""
+        self.target_calls += 1
+        if iteration.prefill:
+            self.prefill_seconds = iteration.target_seconds
+            return
+        drafted = len(iteration.drafted)
+        self.iterations += 1
+        self.target_seconds += iteration.target_seconds
+        self.draft_seconds += iteration.draft_seconds
+        self.call_log.append((iteration.past_length, drafted + 1, iteration.target_seconds))
+        self.drafted += drafted
+        self.draft_lengths[drafted] = self.draft_lengths.get(drafted, 0) + 1
+        self.accepted += iteration.num_accepted
+        self.acceptance_tests += iteration.acceptance_tests
+        self.bonus_tokens += int(iteration.is_bonus)
+        if iteration.situation is not None:
+            counts = self.by_situation.setdefault(
+                iteration.situation, {"iterations": 0, "drafted": 0, "accepted": 0, "acceptance_tests": 0})
+            counts["iterations"] += 1
+            counts["drafted"] += drafted
+            counts["accepted"] += iteration.num_accepted
+            counts["acceptance_tests"] += iteration.acceptance_tests
+
+    def add_session_counters(self, target_cache: "KVCache", drafter: "DrafterStats | None") -> None:
+        """Take the request's onnxruntime time and call counts from its target cache and drafter."""
+        self.session_run_seconds = target_cache.run_seconds + (drafter.session_seconds if drafter else 0.0)
+        self.rollback_seconds = target_cache.rollback_seconds
+        self.draft_calls = drafter.calls if drafter else 0
 
     def summary(self) -> str:
         """Return a few human-readable lines."""

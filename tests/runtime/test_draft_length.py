@@ -1,6 +1,16 @@
 from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
+from specdec.runtime.loop import Iteration
 from specdec.runtime.theory import best_draft_length, expected_speedup, expected_tokens_per_iteration
+
+
+def drafted(k: int, accepted: int, rejected: bool, draft_step_seconds: float | None = None,
+            target_seconds: float = 0.0, situation: str | None = None) -> Iteration:
+    """Return an iteration that drafted k tokens (ids 0..k-1) and accepted the first `accepted`."""
+    committed = list(range(accepted)) + [99]
+    return Iteration(list(range(k)), accepted, committed, is_bonus=not rejected and k > 0, finished=None,
+                     situation=situation, rejected=rejected, draft_step_seconds=draft_step_seconds,
+                     target_seconds=target_seconds)
 
 
 def test_theorem_3_8_values():
@@ -22,7 +32,7 @@ def test_best_draft_length():
 
 def test_fixed_draft_length():
     policy = FixedDraftLength(3)
-    policy.observe(3, 0, True, 0.005, target_tokens=4, target_seconds=0.01)
+    policy.observe(drafted(3, 0, True, 0.005, target_seconds=0.01))
     assert policy.choose() == 3
 
 
@@ -31,7 +41,7 @@ def test_adaptive_never_exceeds_cap():
     for _ in range(50):
         k = policy.choose()
         assert 0 <= k <= 5
-        policy.observe(k, k, rejected=False)
+        policy.observe(drafted(k, k, rejected=False))
     assert policy.choose() == 5
 
 
@@ -42,13 +52,13 @@ def test_adaptive_falls_back_when_alpha_is_zero_and_recovers():
         k = policy.choose()
         ks.append(k)
         if k:
-            policy.observe(k, 0, rejected=True, draft_step_seconds=0.002, target_tokens=k + 1, target_seconds=0.01)
+            policy.observe(drafted(k, 0, rejected=True, draft_step_seconds=0.002, target_seconds=0.01))
     assert ks[-10:].count(0) >= 7  # mostly plain decoding
     assert any(k > 0 for k in ks[5:])  # but it keeps probing
     for _ in range(40):  # alpha recovers: every draft accepted
         k = policy.choose()
         if k:
-            policy.observe(k, k, rejected=False, draft_step_seconds=0.002, target_tokens=k + 1, target_seconds=0.01)
+            policy.observe(drafted(k, k, rejected=False, draft_step_seconds=0.002, target_seconds=0.01))
     assert policy.choose() >= 3
 
 
@@ -59,9 +69,9 @@ def test_adaptive_learns_alpha_per_situation():
     for _ in range(20):
         k = policy.choose("ambiguous")
         if k:
-            policy.observe(k, 0, rejected=True, situation="ambiguous")
+            policy.observe(drafted(k, 0, rejected=True, situation="ambiguous"))
         k = policy.choose("repeated")
-        policy.observe(k, k, rejected=False, situation="repeated")
+        policy.observe(drafted(k, k, rejected=False, situation="repeated"))
     assert policy.estimate("ambiguous").alpha < 0.1
     assert policy.estimate("repeated").alpha > 0.9
     assert policy.choose("repeated") == 8
@@ -80,7 +90,7 @@ def test_adaptive_feeds_its_target_calls_to_the_cost_table():
     policy = AdaptiveDraftLength(call_costs=costs)
     for i in range(60):
         n = 1 + i % 6
-        policy.observe(n - 1, n - 1, False, None, target_tokens=n, target_seconds=0.010 + 0.002 * n)
+        policy.observe(drafted(n - 1, n - 1, False, None, target_seconds=0.010 + 0.002 * n))
     # t(n) = 10 ms + 2 ms * n: a 6-token call costs 22 / 12 of a 1-token call
     assert abs(costs.relative(6) - 22 / 12) < 1e-6
 
@@ -114,7 +124,7 @@ def test_adaptive_learns_cost_ratio_against_a_one_token_call():
     policy = AdaptiveDraftLength(call_costs=TargetCallCosts(prior={4: 1.3}))
     for _ in range(60):
         # a 4-token target call of 13 ms is a 10 ms 1-token call when t(4) = 1.3 t(1); drafts take 3 ms
-        policy.observe(3, 1, True, draft_step_seconds=0.003, target_tokens=4, target_seconds=0.013)
+        policy.observe(drafted(3, 1, True, draft_step_seconds=0.003, target_seconds=0.013))
     assert abs(policy.cost_ratio - 0.3) < 0.01
 
 
@@ -124,8 +134,8 @@ def test_adaptive_alpha_pools_tests_across_iterations():
     # would say 0.5 and pick a short K.
     policy = AdaptiveDraftLength(max_k=8, cost_ratio=0.0, call_costs=line(0.05))
     for _ in range(30):
-        policy.observe(7, 7, rejected=False)
-        policy.observe(7, 0, rejected=True)
+        policy.observe(drafted(7, 7, rejected=False))
+        policy.observe(drafted(7, 0, rejected=True))
     assert 0.8 < policy.estimate().alpha < 0.95
     assert policy.choose() >= 6
 
@@ -133,5 +143,5 @@ def test_adaptive_alpha_pools_tests_across_iterations():
 def test_adaptive_alpha_follows_a_steady_rate():
     policy = AdaptiveDraftLength(alpha=0.5)
     for _ in range(100):
-        policy.observe(4, 3, rejected=True)  # 3 passes, then a rejection: 3 of 4 tests
+        policy.observe(drafted(4, 3, rejected=True))  # 3 passes, then a rejection: 3 of 4 tests
     assert abs(policy.estimate().alpha - 0.75) < 1e-6
