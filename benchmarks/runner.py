@@ -11,7 +11,7 @@ from specdec.runtime.call_costs import non_decreasing
 from specdec.runtime.engine import NGRAM_MIN_AUTO, NGRAM_MIN_FIXED_K, Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats, situation_alpha
-from specdec.runtime.theory import verify_cost_from_calls
+from specdec.runtime.call_costs import verify_cost_from_calls
 
 BASELINE = "target-only"
 

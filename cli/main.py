@@ -262,29 +262,20 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
 def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, repeats, no_measure, plot, no_plot, no_save, provider,
          threads, as_json) -> None:
     """Measure c and alpha, compare expected and measured speedup for K = 1..max-k and auto, store the best."""
-    from specdec.models.manifest import update_runtime_defaults
+    from specdec.bench.tune import format_table, save_tuned_defaults, tune as run_tune
     from specdec.runtime.engine import Engine
     from specdec.runtime.prompts import DEFAULT_PROMPTS, load_prompts
-    from specdec.runtime.tuning import format_table, tune as run_tune
 
     engine = Engine.load(artifact, provider=provider, threads=threads)
     prompts = load_prompts(prompts_file) if prompts_file else list(DEFAULT_PROMPTS)
-    kind = drafter if drafter != "auto" else ("model" if engine.draft is not None else "ngram")
-    if kind == "model" and engine.draft is None:
-        raise click.ClickException("this artifact has no draft model; tune --drafter ngram")
-    report = run_tune(engine, prompts, kind, max_k=max_k, max_new_tokens=max_new_tokens, measure=not no_measure,
-                      repeats=repeats,
-                      progress=elapsed_progress())
+    report = run_tune(engine, prompts, engine.drafter_kind(drafter), max_k=max_k, max_new_tokens=max_new_tokens,
+                      measure=not no_measure, repeats=repeats, progress=elapsed_progress())
     if not no_plot:
         from specdec.cli.plots import plot_tune
 
         plot_tune(report, plot)
     if not no_save:
-        update_runtime_defaults(artifact, {"num_draft_tokens": report.recommended_k, "drafter": kind,
-                                           "verify_cost": round(report.verify_cost, 4),
-                                           "target_call_costs": [round(r, 4) for r in report.call_costs],
-                                           "tuned": {"alpha": round(report.alpha, 4),
-                                                     "cost_ratio": round(report.cost_ratio, 4)}})
+        save_tuned_defaults(artifact, report)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
         return

@@ -1,12 +1,7 @@
-"""What one target call over n tokens costs, relative to a 1-token call, on this machine.
+"""What one target call over n tokens costs, relative to a 1-token call: a table per n, kept from timings.
 
-The paper takes verification of K+1 tokens to cost one step. On real hardware the cost
-grows with n, and not along a line: on a 2-core CPU, SmolLM2-135M's 2-token call costs
-~1.09 steps, 3..6 tokens ~1.15-1.18, and 7 tokens jumps to ~1.29 (MLAS packs 6 rows per
-block). A line through those points overrates long drafts and underrates the first extra
-token. Replayed on SmolLM2's greedy outputs with the measured t(n), `auto` reached 1.84x
-on extract with a line and 1.96x with a table (fixed K=4: 1.90x); in the live bench the
-difference is inside the run-to-run noise. Hence a table per n.
+Pure bookkeeping over numbers; timing calls is runtime/calibration.py's job. A table, not a
+line: on CPUs the cost steps with n (docs/DESIGN.md, "Adaptive K").
 """
 
 from __future__ import annotations
@@ -15,10 +10,6 @@ import statistics
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from specdec.runtime.session import ModelSession
 
 
 @dataclass
@@ -120,20 +111,20 @@ def relative_costs_from_step_times(step_seconds: list[float]) -> dict[int, float
     return {n: seconds / step_seconds[0] for n, seconds in enumerate(step_seconds, start=1)}
 
 
-def step_times(session: ModelSession, context: list[int], max_tokens: int, repeats: int = 5) -> list[float]:
-    """Return the median seconds of one call over n = 1..max_tokens new tokens after `context`.
+def verify_cost_from_calls(seconds_by_tokens: dict[int, float], weights: dict[int, float] | None = None) -> float:
+    """Return v, the extra cost of each verified token beyond the first, in 1-token calls.
 
-    Each call is rolled back before the next, so every measurement starts from the same
-    cache; the lengths take turns within each round, so drift of a noisy machine hits all alike.
+    seconds_by_tokens: n -> seconds of a call over n tokens (n = 1 must be there). v is the
+    least-squares slope of t(n) / t(1) - 1 against n - 1 (a line through the 1-token point),
+    each length weighted by `weights` (default 1), floored at 0; 0 when there is no 1-token
+    time or no other length.
     """
-    cache = session.new_cache()
-    session.forward(cache, context)
-    samples: list[list[float]] = [[] for _ in range(max_tokens)]
-    for _ in range(repeats):
-        for n in range(1, max_tokens + 1):
-            tokens = context[-n:] if len(context) >= n else (context * n)[:n]
-            before = cache.run_seconds
-            session.forward(cache, tokens)
-            samples[n - 1].append(cache.run_seconds - before)
-            cache.rollback(len(context))
-    return [statistics.median(times) for times in samples]
+    base = seconds_by_tokens.get(1, 0.0)
+    if base <= 0:
+        return 0.0
+    num = den = 0.0
+    for n, seconds in seconds_by_tokens.items():
+        weight = (weights or {}).get(n, 1.0)
+        num += weight * (n - 1) * (seconds / base - 1.0)
+        den += weight * (n - 1) ** 2
+    return max(num / den, 0.0) if den else 0.0

@@ -12,12 +12,11 @@ import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import Manifest, load_manifest
-from specdec.runtime.call_cost_cache import cache_key, load_call_costs, save_call_costs
-from specdec.runtime.call_costs import TargetCallCosts, relative_costs_from_step_times, step_times
+from specdec.runtime.calibration import calibrate
+from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeRequest, Iteration, decode
-from specdec.runtime.providers import ort
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.session import ModelSession
 from specdec.runtime.stats import GenerationStats
@@ -25,7 +24,6 @@ from specdec.runtime.text import StopStringFilter, TextCodec
 
 DRAFTER_CHOICES = ("auto", "model", "ngram", "none")
 DEFAULT_DRAFT_TOKENS = 4  # when neither the caller nor the artifact (`specdec tune`) says
-CALIBRATION_CONTEXT = 256  # prompt tokens `auto`'s one-time call timing runs after
 NGRAM_MIN_FIXED_K, NGRAM_MIN_AUTO = 2, 1  # GenerationConfig.ngram_min says why
 
 
@@ -191,8 +189,7 @@ class Engine:
         The config is checked here, before anything runs, so bad settings raise at once.
         """
         config.validate()
-        if config.drafter == "model" and self.draft is None:
-            raise GenerationError("this artifact has no draft model; use drafter 'ngram' or 'none'")
+        self.drafter_kind(config.drafter)  # an impossible drafter fails here, before anything runs
         ids = list(prompt) if isinstance(prompt, list) else self.prompt_ids(prompt, config.chat)
         if len(ids) > self.max_positions:
             raise GenerationError(
@@ -200,11 +197,21 @@ class Engine:
             )
         return GenerationStream(lambda stream: self._pieces(ids, config, on_iteration, stream))
 
+    def drafter_kind(self, requested: str) -> str:
+        """Return the drafter `requested` ("auto", "model", "ngram" or "none") resolves to on this artifact.
+
+        "auto" is what `specdec tune` stored, else the draft model if there is one, else n-gram.
+        Raises GenerationError when "model" is asked of an artifact without a draft model.
+        """
+        if requested == "model" and self.draft is None:
+            raise GenerationError("this artifact has no draft model; use drafter 'ngram' or 'none'")
+        if requested != "auto":
+            return requested
+        return self.manifest.runtime_defaults.get("drafter") or ("model" if self.draft is not None else "ngram")
+
     def _drafter(self, config: GenerationConfig, rng: np.random.Generator, prompt_length: int,
                  adaptive: bool) -> Drafter | None:
-        kind = config.drafter
-        if kind == "auto":  # what `specdec tune` chose, else the draft model if there is one
-            kind = self.manifest.runtime_defaults.get("drafter") or ("model" if self.draft is not None else "ngram")
+        kind = self.drafter_kind(config.drafter)
         if kind == "none":
             return None
         if kind == "model" and self.draft is not None:
@@ -221,29 +228,16 @@ class Engine:
         return FixedDraftLength(int(k)), str(k)
 
     def _calibrate_call_costs(self, context: list[int], max_tokens: int) -> None:
-        """Time target calls over 1..max_tokens tokens once, when the artifact has no tuned t(n).
-
-        Learned online alone, the table starts empty and `auto` guesses unseen lengths from a
-        line until it has timed them: in a replay of SmolLM2's greedy outputs with noisy
-        timings that cost 2-8% (summarize 1.18x vs 1.20x-1.21x, extract 1.90x vs 1.95x).
-        Timing 3 rounds of every length after the prompt takes ~1.6 s on a 2-core CPU (cap
-        16), once per machine: the table is kept in the call-cost cache for later processes.
-        """
+        """Time target calls over 1..max_tokens tokens once per engine (or read them from the disk cache),
+        when the artifact has no tuned t(n): `auto` guesses unseen lengths poorly (docs/DESIGN.md)."""
         with self._calibration_lock:
             if self.target_call_costs.prior:
                 return
-            target_files = ",".join(f"{name}={digest}" for name, digest in sorted(self.manifest.target.sha256.items()))
-            key = cache_key(target_files, self.target.device, self._threads, ort.__version__)
-            cached = load_call_costs(key, max_tokens)
-            if cached is not None:
-                self.target_call_costs.prior, self.call_costs_source = cached, "cache"
-                return
-            start = time.perf_counter()
-            times = step_times(self.target, context[-CALIBRATION_CONTEXT:], max_tokens, repeats=3)
-            self.target_call_costs.prior = relative_costs_from_step_times(times)
-            self.calibration_seconds = time.perf_counter() - start
-            self.call_costs_source = "timed"
-            self.call_costs_cache_file = save_call_costs(key, self.target_call_costs.prior)
+            calibration = calibrate(self.target, context, max_tokens, self._threads)
+            self.target_call_costs.prior = calibration.call_costs
+            self.calibration_seconds = calibration.seconds
+            self.call_costs_source = calibration.source
+            self.call_costs_cache_file = calibration.cache_file
 
     def _pieces(self, ids: list[int], config: GenerationConfig,
                 on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from specdec.runtime.theory import expected_speedup_over_lengths
+from specdec.runtime.theory import CallCost, expected_speedup_over_lengths, paper_call_cost
 
 if TYPE_CHECKING:
     from specdec.runtime.drafters import DrafterStats
@@ -105,19 +105,17 @@ class GenerationStats:
         """Return drafted tokens per iteration."""
         return self.drafted / self.iterations if self.iterations else 0.0
 
-    def expected_speedup(self, verify_cost: float = 0.0, call_cost: Callable[[int], float] | None = None) -> float:
+    def expected_speedup(self, call_cost: CallCost = paper_call_cost) -> float:
         """Return Theorem 3.8's speedup for the measured alpha and c over the K each iteration drafted.
 
-        verify_cost (v): extra target cost per verified token, in 1-token steps; 0 is the
-        paper's assumption that verifying k+1 tokens costs one step. call_cost(n), when
-        given, is the cost of a call over n tokens instead (a measured table).
+        call_cost(n): a target call over n tokens in 1-token calls (default: the paper's 1).
         """
-        return expected_speedup_over_lengths(self.alpha, self.draft_lengths, self.cost_ratio, verify_cost, call_cost)
+        return expected_speedup_over_lengths(self.alpha, self.draft_lengths, self.cost_ratio, call_cost)
 
     @property
     def theoretical_speedup(self) -> float:
         """Return expected_speedup() with the paper's cost model (1.0 with no drafting)."""
-        return self.expected_speedup(0.0)
+        return self.expected_speedup()
 
     def as_dict(self) -> dict[str, Any]:
         """Return counters and derived figures as one JSON-ready dict."""

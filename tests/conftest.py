@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _private_call_cost_cache(tmp_path, monkeypatch):
     """Give each test its own empty call-cost cache: no test reads a table another one timed,
     and none writes to the user's ~/.cache."""
-    from specdec.runtime.call_cost_cache import CACHE_DIR_ENV, NO_CACHE_ENV
+    from specdec.runtime.calibration import CACHE_DIR_ENV, NO_CACHE_ENV
 
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "specdec-cache"))
     monkeypatch.delenv(NO_CACHE_ENV, raising=False)

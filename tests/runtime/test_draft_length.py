@@ -1,7 +1,7 @@
 from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.loop import Iteration
-from specdec.runtime.theory import best_draft_length, expected_speedup, expected_tokens_per_iteration
+from specdec.runtime.theory import best_draft_length, expected_speedup, expected_tokens_per_iteration, linear_call_cost
 
 
 def drafted(k: int, accepted: int, rejected: bool, draft_step_seconds: float | None = None,
@@ -20,7 +20,7 @@ def test_theorem_3_8_values():
     assert expected_speedup(0.0, 3, 0.2) < 1.0
     assert expected_speedup(0.9, 0, 0.2) == 1.0
     # verifying costs extra per token: lowers the speedup
-    assert expected_speedup(0.8, 4, 0.05, verify_cost=0.04) < expected_speedup(0.8, 4, 0.05)
+    assert expected_speedup(0.8, 4, 0.05, linear_call_cost(0.04)) < expected_speedup(0.8, 4, 0.05)
 
 
 def test_best_draft_length():
@@ -116,8 +116,8 @@ def test_stats_theory_over_actual_draft_lengths():
     stats = GenerationStats(accepted=3, acceptance_tests=4, draft_lengths={4: 2, 0: 2})
     alpha = 0.75
     tokens = 2 * expected_tokens_per_iteration(alpha, 4) + 2
-    assert abs(stats.expected_speedup(0.0) - tokens / (2 * 1 + 2 * 1)) < 1e-9
-    assert abs(stats.expected_speedup(0.05) - tokens / (2 * (1 + 4 * 0.05) + 2)) < 1e-9
+    assert abs(stats.expected_speedup() - tokens / (2 * 1 + 2 * 1)) < 1e-9
+    assert abs(stats.expected_speedup(linear_call_cost(0.05)) - tokens / (2 * (1 + 4 * 0.05) + 2)) < 1e-9
 
 
 def test_adaptive_learns_cost_ratio_against_a_one_token_call():

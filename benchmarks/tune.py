@@ -1,28 +1,18 @@
-"""`specdec tune`: measure c, alpha and step-time growth; tabulate expected vs measured speedup over K."""
+"""`specdec tune`: measure c, alpha and t(n); tabulate expected vs measured speedup over K; store the best K."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Callable, Sequence
 
-from specdec.runtime.call_costs import relative_costs_from_step_times, step_times
+from specdec.models.manifest import update_runtime_defaults
+from specdec.runtime.calibration import step_times
+from specdec.runtime.call_costs import relative_costs_from_step_times, verify_cost_from_calls
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
-from specdec.runtime.theory import (
-    expected_speedup,
-    expected_speedup_over_lengths,
-    expected_tokens_per_iteration,
-    verify_cost_per_token,
-)
-
-
-def expected_speedup_with_verify_curve(alpha: float, k: int, cost_ratio: float, verify_ratio: float) -> float:
-    """Return Theorem 3.8's speedup with the measured cost of verifying k+1 tokens.
-
-    verify_ratio: time of a (k+1)-token target call over a 1-token call (1.0 gives the paper's formula).
-    """
-    return expected_tokens_per_iteration(alpha, k) / (k * cost_ratio + verify_ratio)
+from specdec.runtime.theory import expected_speedup, expected_speedup_over_lengths
 
 
 @dataclass
@@ -59,7 +49,7 @@ class TuneReport:
     @property
     def verify_cost(self) -> float:
         """Return the mean extra target cost per verified token, in 1-token steps."""
-        return verify_cost_per_token(self.target_step_seconds)
+        return verify_cost_from_calls(dict(enumerate(self.target_step_seconds, start=1)))
 
     def as_dict(self) -> dict:
         """Return the report as JSON-ready data."""
@@ -163,8 +153,8 @@ def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int
         report.rows.append(TuneRow(
             k=k,
             expected_paper=expected_speedup(a, k, cost_ratio),
-            expected=(expected_speedup_over_lengths(a, m.draft_lengths, cost_ratio, call_cost=call_cost) if m
-                      else expected_speedup_with_verify_curve(a, k, cost_ratio, call_cost(k + 1))),
+            expected=(expected_speedup_over_lengths(a, m.draft_lengths, cost_ratio, call_cost) if m
+                      else expected_speedup(a, k, cost_ratio, call_cost)),
             measured=m.speedup if m else None,
             alpha_measured=a if m else None,
         ))
@@ -198,3 +188,12 @@ def format_table(report: TuneReport) -> str:
         lines.append(f"| auto (cap {len(report.rows)}){marker} | {report.auto_alpha:.2f} | - | - | "
                      f"{report.auto_measured:.2f}x |")
     return "\n".join(lines)
+
+
+def save_tuned_defaults(artifact: Path, report: TuneReport) -> None:
+    """Store the recommended K, the drafter and the measured t(n) in the artifact's manifest."""
+    update_runtime_defaults(artifact, {"num_draft_tokens": report.recommended_k, "drafter": report.drafter,
+                                       "verify_cost": round(report.verify_cost, 4),
+                                       "target_call_costs": [round(r, 4) for r in report.call_costs],
+                                       "tuned": {"alpha": round(report.alpha, 4),
+                                                 "cost_ratio": round(report.cost_ratio, 4)}})

@@ -1,6 +1,6 @@
 import json
 
-from specdec.runtime.call_cost_cache import (
+from specdec.runtime.calibration import (
     CACHE_DIR_ENV,
     NO_CACHE_ENV,
     cache_dir,

@@ -1,15 +1,12 @@
-"""A per-machine disk cache of the t(n) table that `auto` times for an untuned artifact.
+"""Measuring what target calls cost on this machine: timed calls, and a per-machine disk cache of the result.
 
-Timing target calls over 1..17 tokens takes ~1.6 s on a 2-core CPU: longer than a short
-answer itself (the demo prompt: 1.59 s of timing, then 0.49 s of generation), and paid by
-every `specdec generate -k auto` process. The table is a fact of the graph, the hardware,
-the onnxruntime build and the thread count, so one timing serves every later process that
-shares all four; live calls keep refining it as before. A missing, unreadable or read-only
-cache only costs the timing, never an error. `specdec tune`'s table, stored in the
-artifact, still comes first.
+One entry point, `calibrate`: the t(n) table that `-k auto` needs for an artifact that
+`specdec tune` did not time. The table is a fact of the graph, the hardware, the onnxruntime
+build and the thread count, so one timing serves every later process that shares all four.
+A missing, unreadable or read-only cache only costs the timing, never an error.
 
-Location: $SPECDEC_CACHE_DIR, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec, under
-call-costs/. SPECDEC_NO_CACHE=1 turns the cache off.
+Cache location: $SPECDEC_CACHE_DIR, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec, under
+call-costs/. SPECDEC_NO_CACHE=1 turns it off.
 """
 
 from __future__ import annotations
@@ -18,14 +15,66 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.models.manifest import is_call_cost_table
+from specdec.runtime.call_costs import relative_costs_from_step_times
+from specdec.runtime.providers import ort
+from specdec.runtime.session import ModelSession
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A t(n) table and where it came from."""
+
+    call_costs: dict[int, float]  # n -> t(n) / t(1), n = 1..max_tokens (at least)
+    source: str  # "cache" (an earlier process on this machine) or "timed" (just now)
+    seconds: float  # spent timing (0 from the cache)
+    cache_file: Path | None  # where a timed table was kept (None: not kept)
+
+
+def calibrate(target: ModelSession, context: list[int], max_tokens: int, threads: int | None) -> Calibration:
+    """Return t(n) for n = 1..max_tokens: from the disk cache, else timed now (3 rounds) and cached.
+
+    context: tokens the timed calls run after (its last CALIBRATION_CONTEXT are used).
+    """
+    target_files = ",".join(f"{name}={digest}" for name, digest in sorted(target.spec.sha256.items()))
+    key = cache_key(target_files, target.device, threads, ort.__version__)
+    cached = load_call_costs(key, max_tokens)
+    if cached is not None:
+        return Calibration(cached, "cache", 0.0, None)
+    start = time.perf_counter()
+    costs = relative_costs_from_step_times(step_times(target, context[-CALIBRATION_CONTEXT:], max_tokens, repeats=3))
+    return Calibration(costs, "timed", time.perf_counter() - start, save_call_costs(key, costs))
+
+
+def step_times(session: ModelSession, context: list[int], max_tokens: int, repeats: int = 5) -> list[float]:
+    """Return the median seconds of one call over n = 1..max_tokens new tokens after `context`.
+
+    Each call is rolled back before the next, so every measurement starts from the same
+    cache; the lengths take turns within each round, so drift of a noisy machine hits all alike.
+    """
+    cache = session.new_cache()
+    session.forward(cache, context)
+    samples: list[list[float]] = [[] for _ in range(max_tokens)]
+    for _ in range(repeats):
+        for n in range(1, max_tokens + 1):
+            tokens = context[-n:] if len(context) >= n else (context * n)[:n]
+            before = cache.run_seconds
+            session.forward(cache, tokens)
+            samples[n - 1].append(cache.run_seconds - before)
+            cache.rollback(len(context))
+    return [statistics.median(times) for times in samples]
+
 
 CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
 NO_CACHE_ENV = "SPECDEC_NO_CACHE"
 _FORMAT = 1
+CALIBRATION_CONTEXT = 256  # prompt tokens the timed calls run after
 
 
 def cache_dir() -> Path | None:

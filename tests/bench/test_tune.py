@@ -8,13 +8,14 @@ from specdec.cli.main import main
 from specdec.models.manifest import load_manifest
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import load_prompts
-from specdec.runtime.tuning import TuneReport, TuneRow, expected_speedup_with_verify_curve, recommend
+from specdec.bench.tune import TuneReport, TuneRow, recommend
+from specdec.runtime.theory import expected_speedup
 
 
-def test_expected_speedup_with_verify_curve():
-    # verify ratio 1 is the paper's formula; a costlier verify lowers it
-    assert expected_speedup_with_verify_curve(0.5, 2, 0.1, 1.0) == pytest.approx(1.75 / 1.2)
-    assert expected_speedup_with_verify_curve(0.5, 2, 0.1, 1.3) == pytest.approx(1.75 / 1.5)
+def test_expected_speedup_with_a_call_cost_function():
+    # a call cost of 1 is the paper's formula; a costlier verify lowers it
+    assert expected_speedup(0.5, 2, 0.1) == pytest.approx(1.75 / 1.2)
+    assert expected_speedup(0.5, 2, 0.1, lambda n: 1.3 if n == 3 else 1.0) == pytest.approx(1.75 / 1.5)
 
 
 def test_verify_cost_fit():
