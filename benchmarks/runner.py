@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from specdec.bench.replay import CostModel, replay_ngram
-from specdec.runtime.call_costs import non_decreasing
+from specdec.runtime.call_costs import non_decreasing, verify_cost_from_calls
 from specdec.runtime.engine import NGRAM_MIN_AUTO, NGRAM_MIN_FIXED_K, Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats, situation_alpha
-from specdec.runtime.call_costs import verify_cost_from_calls
 
 BASELINE = "target-only"
 
