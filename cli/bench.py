@@ -90,7 +90,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     prompt_path = prompts_file or PROMPTS_FILE
     prompts = load_prompts(prompt_path)
     engine = Engine.load(artifact, provider=provider, threads=threads)
-    k = num_draft_tokens or int(engine.manifest.runtime_defaults.get("num_draft_tokens", DEFAULT_DRAFT_TOKENS))
+    k = num_draft_tokens or int(engine.manifest.runtime_defaults.num_draft_tokens or DEFAULT_DRAFT_TOKENS)
     configs = configurations(engine, k)
     prompt_ids = {case.id: engine.prompt_ids(case.prompt, case.chat) for case in prompts}
     runs, anchor_runs = [], []

@@ -134,8 +134,8 @@ def inspect(artifact, as_json, no_verify) -> None:
     tok = manifest.tokenizer
     click.echo(f"  tokenizer: vocab {tok.vocab_size}, eos {tok.eos_token_ids}, bos {tok.bos_token_id}, "
                f"chat template {'yes' if tok.chat_template else 'no'}")
-    if manifest.runtime_defaults:
-        click.echo(f"  runtime defaults: {manifest.runtime_defaults}")
+    if manifest.runtime_defaults.to_dict():
+        click.echo(f"  runtime defaults: {manifest.runtime_defaults.to_dict()}")
     prov = manifest.provenance
     versions = ", ".join(f"{k} {v}" for k, v in prov.library_versions.items())
     click.echo(f"  exported {prov.export_date} by specdec {prov.exporter_version} ({versions})")

@@ -18,6 +18,7 @@ from specdec.models.manifest import (
     GraphSpec,
     Manifest,
     Provenance,
+    RuntimeDefaults,
     TokenizerSpec,
     sha256_of_file,
     write_manifest,
@@ -267,7 +268,7 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
                 command=config.command,
             ),
             validation=validation,
-            runtime_defaults={"num_draft_tokens": 4},
+            runtime_defaults=RuntimeDefaults(num_draft_tokens=4),
         )
         write_manifest(staging, manifest)
         progress(f"wrote {config.output}")

@@ -107,6 +107,28 @@ class Provenance:
     command: str | None = None
 
 
+DRAFTER_KINDS = ("model", "ngram", "none")  # what a stored default drafter may be
+
+
+@dataclass(frozen=True)
+class RuntimeDefaults:
+    """What the runtime starts from when the caller does not say: written by the exporter and `specdec tune`."""
+
+    num_draft_tokens: int | str | None = None  # K, or "auto"; None: the runtime's own default
+    drafter: str | None = None  # one of DRAFTER_KINDS; None: the draft model if there is one, else n-gram
+    verify_cost: float = 0.0  # v: each verified token beyond the first, in 1-token target calls
+    target_call_costs: tuple[float, ...] = ()  # t(n) / t(1) for n = 1, 2, ... as `specdec tune` timed it
+    tuned: dict[str, Any] = field(default_factory=dict)  # what tune measured (alpha, c), for people
+    other: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as written
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form: only the fields that are set, then the unknown keys."""
+        known = {"num_draft_tokens": self.num_draft_tokens, "drafter": self.drafter,
+                 "verify_cost": self.verify_cost or None,
+                 "target_call_costs": list(self.target_call_costs) or None, "tuned": self.tuned or None}
+        return {**{key: value for key, value in known.items() if value is not None}, **self.other}
+
+
 @dataclass(frozen=True)
 class Manifest:
     """The whole `specdec.json`."""
@@ -118,7 +140,7 @@ class Manifest:
     # Per-model figures from the exporter's numerical validation.
     validation: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Defaults the runtime uses when the caller does not say (`specdec tune` writes here).
-    runtime_defaults: dict[str, Any] = field(default_factory=dict)
+    runtime_defaults: RuntimeDefaults = field(default_factory=RuntimeDefaults)
     version: int = MANIFEST_VERSION
 
     def graphs(self) -> list[GraphSpec]:
@@ -129,6 +151,7 @@ class Manifest:
         """Return the JSON-ready form of the manifest."""
         body = asdict(self)
         body.pop("version")
+        body["runtime_defaults"] = self.runtime_defaults.to_dict()
         return {"format": MANIFEST_FORMAT, "version": self.version, **body}
 
 
@@ -256,13 +279,17 @@ def is_call_cost_table(values: Any) -> bool:
         isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in values)
 
 
-def _runtime_defaults_from_dict(data: dict) -> dict[str, Any]:
-    """Return the runtime defaults after checking the fields the runtime reads (others pass through)."""
+def _runtime_defaults_from_dict(data: dict) -> RuntimeDefaults:
+    """Return the runtime defaults after checking every field the runtime reads (unknown keys pass through)."""
     where = "runtime_defaults"
     k = data.get("num_draft_tokens")
     if k is not None and k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
         raise ManifestError(f"{MANIFEST_FILENAME}: field '{where}.num_draft_tokens' should be an integer >= 1 "
                             f"or 'auto', got {k!r}")
+    drafter = _get(data, "drafter", (str,), where, True)
+    if drafter is not None and drafter not in DRAFTER_KINDS:
+        raise ManifestError(f"{MANIFEST_FILENAME}: field '{where}.drafter' should be one of "
+                            f"{', '.join(DRAFTER_KINDS)}, got {drafter!r}")
     verify_cost = _get(data, "verify_cost", (int, float), where, True)
     if verify_cost is not None and verify_cost < 0:
         raise ManifestError(f"{MANIFEST_FILENAME}: field '{where}.verify_cost' should be >= 0, got {verify_cost}")
@@ -270,7 +297,11 @@ def _runtime_defaults_from_dict(data: dict) -> dict[str, Any]:
     if costs is not None and not is_call_cost_table(costs):
         raise ManifestError(f"{MANIFEST_FILENAME}: field '{where}.target_call_costs' should be a list of "
                             f"positive numbers (a call over n tokens in 1-token calls, n = 1, 2, ...)")
-    return data
+    tuned = _get(data, "tuned", (dict,), where, True)
+    known = {"num_draft_tokens", "drafter", "verify_cost", "target_call_costs", "tuned"}
+    return RuntimeDefaults(num_draft_tokens=k, drafter=drafter, verify_cost=float(verify_cost or 0.0),
+                           target_call_costs=tuple(float(c) for c in costs or ()), tuned=tuned or {},
+                           other={key: value for key, value in data.items() if key not in known})
 
 
 def load_manifest(artifact_dir: str | os.PathLike, check_files: bool = True) -> Manifest:
@@ -306,7 +337,8 @@ def update_runtime_defaults(artifact_dir: str | os.PathLike, updates: dict[str, 
     """Merge `updates` into the artifact's runtime defaults, rewriting specdec.json atomically; return the new manifest."""
     folder = Path(artifact_dir)
     manifest = load_manifest(folder, check_files=False)
-    updated = replace(manifest, runtime_defaults={**manifest.runtime_defaults, **updates})
+    updated = replace(manifest, runtime_defaults=_runtime_defaults_from_dict(
+        {**manifest.runtime_defaults.to_dict(), **updates}))
     temporary = folder / (MANIFEST_FILENAME + ".tmp")
     temporary.write_text(json.dumps(updated.to_dict(), indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, folder / MANIFEST_FILENAME)

@@ -132,8 +132,8 @@ class Engine:
         # model, and a single 128-token request is too short to time every call length.
         defaults = manifest.runtime_defaults
         self.target_call_costs = TargetCallCosts(
-            prior={n: float(r) for n, r in enumerate(defaults.get("target_call_costs") or [], start=1)},
-            prior_verify_cost=float(defaults.get("verify_cost", 0.0)),
+            prior=dict(enumerate(defaults.target_call_costs, start=1)),
+            prior_verify_cost=defaults.verify_cost,
         )
         self.calibration_seconds = 0.0  # spent timing target calls for `auto` (once per engine)
         # Where t(n) came from: "tune" (the artifact), "cache" (an earlier process on this
@@ -207,7 +207,7 @@ class Engine:
             raise GenerationError("this artifact has no draft model; use drafter 'ngram' or 'none'")
         if requested != "auto":
             return requested
-        return self.manifest.runtime_defaults.get("drafter") or ("model" if self.draft is not None else "ngram")
+        return self.manifest.runtime_defaults.drafter or ("model" if self.draft is not None else "ngram")
 
     def _drafter(self, config: GenerationConfig, rng: np.random.Generator, prompt_length: int,
                  adaptive: bool) -> Drafter | None:
@@ -222,7 +222,7 @@ class Engine:
     def _draft_length(self, config: GenerationConfig) -> tuple[FixedDraftLength | AdaptiveDraftLength, str]:
         k = config.num_draft_tokens
         if k is None:
-            k = self.manifest.runtime_defaults.get("num_draft_tokens", DEFAULT_DRAFT_TOKENS)
+            k = self.manifest.runtime_defaults.num_draft_tokens or DEFAULT_DRAFT_TOKENS
         if k == "auto":
             return AdaptiveDraftLength(max_k=config.max_draft_tokens_auto, call_costs=self.target_call_costs), "auto"
         return FixedDraftLength(int(k)), str(k)

@@ -44,7 +44,7 @@ def test_tune_stores_k_that_the_runtime_then_uses(tiny_artifacts, tmp_path):
     assert result.exit_code == 0, result.output
     assert "| K |" in result.output and "recommended K" in result.output and "| auto (cap 3)" in result.output
     assert (tmp_path / "tune.png").stat().st_size > 1000
-    stored = load_manifest(artifact).runtime_defaults
+    stored = load_manifest(artifact).runtime_defaults.to_dict()
     assert stored["num_draft_tokens"] in (1, 2, 3, "auto") and stored["drafter"] == "model"
     # The measured call-cost curve, n = 1..max_k + 1, is what `auto` starts from.
     assert len(stored["target_call_costs"]) == 4 and stored["target_call_costs"][0] == 1.0

@@ -73,6 +73,8 @@ def test_wrong_type_is_named(artifact_copy):
     ({"verify_cost": "0.1"}, "verify_cost' should be int/float"),
     ({"target_call_costs": [1.0, "1.1"]}, "target_call_costs' should be a list of positive numbers"),
     ({"target_call_costs": [1.0, -1.1]}, "target_call_costs' should be a list of positive numbers"),
+    ({"drafter": "eagle"}, "drafter' should be one of model, ngram, none, got 'eagle'"),
+    ({"tuned": [0.5]}, "tuned' should be dict"),
 ])
 def test_bad_runtime_defaults_are_named(artifact_copy, defaults, message):
     _edit(artifact_copy, lambda d: d.__setitem__("runtime_defaults", defaults))
@@ -165,3 +167,14 @@ def test_kv_buffer_field(artifact_copy):
     _edit(artifact_copy, lambda d: (d["target"].__setitem__("kv_buffer", "concat"), d["target"].pop("kv_slice_file")))
     with pytest.raises(ManifestError, match="missing field 'target.kv_slice_file'"):
         load_manifest(artifact_copy)
+
+
+def test_runtime_defaults_round_trip_and_keep_unknown_keys(artifact_copy):
+    from specdec.models.manifest import update_runtime_defaults
+
+    _edit(artifact_copy, lambda d: d.__setitem__("runtime_defaults", {"num_draft_tokens": "auto", "future_key": 7}))
+    updated = update_runtime_defaults(artifact_copy, {"drafter": "ngram", "target_call_costs": [1.0, 1.2]})
+    assert updated.runtime_defaults.num_draft_tokens == "auto" and updated.runtime_defaults.drafter == "ngram"
+    assert updated.runtime_defaults.target_call_costs == (1.0, 1.2)
+    assert load_manifest(artifact_copy).runtime_defaults.to_dict() == {
+        "num_draft_tokens": "auto", "drafter": "ngram", "target_call_costs": [1.0, 1.2], "future_key": 7}
