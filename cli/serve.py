@@ -1,0 +1,107 @@
+"""`specdec serve`: the OpenAI-compatible server, one process or Ray Serve replicas."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+
+import click
+
+from specdec.cli.errors import one_line_errors
+from specdec.models.errors import MissingDependencyError, SpecdecError
+
+
+def _draft_tokens(ctx, param, value: str | None) -> int | str | None:
+    from specdec.cli.main import _draft_tokens as parse  # the same K|auto rule as `generate`
+
+    return parse(value)
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on (0: any free port; the line on stdout says which).")
+@click.option("--model-name", default=None, help="The model id clients send (default: the artifact folder's name).")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Generations running at once; engine threads default to cores / this.")
+@click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Requests waiting for a slot; beyond them, 429 with Retry-After.")
+@click.option("--request-timeout", type=float, default=300.0, show_default=True,
+              help="Seconds from arrival (queue included) before a request is cut off (504).")
+@click.option("--max-tokens-default", type=click.IntRange(min=1), default=256, show_default=True,
+              help="max_tokens when a request sets none.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="onnxruntime intra-op threads per generation (default: cores / max-concurrency).")
+@click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto", callback=_draft_tokens,
+              help="Default K (requests may set num_draft_tokens). Default: the artifact's.")
+@click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default="auto", show_default=True,
+              help="Default drafter (requests may set drafter).")
+@click.option("--stats-in-response", is_flag=True,
+              help="Add each request's speculative stats under \"specdec\" (requests may set specdec_stats).")
+@click.option("--shutdown-grace", type=float, default=30.0, show_default=True,
+              help="On SIGTERM/SIGINT: seconds running generations get to finish before they are cancelled.")
+@click.option("--ray", "use_ray", is_flag=True, help="Serve as a Ray Serve deployment (the `ray` extra).")
+@click.option("--replicas", type=click.IntRange(min=1), default=2, show_default=True, help="With --ray: replicas.")
+@click.option("--replica-cpus", type=float, default=1.0, show_default=True, help="With --ray: CPUs per replica.")
+@click.option("--replica-gpus", type=float, default=0.0, show_default=True, help="With --ray: GPUs per replica.")
+@click.option("--ray-address", default=None, help="With --ray: join this Ray cluster (default: start a local one).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+@one_line_errors
+def serve(artifact, host, port, model_name, max_concurrency, max_queue, request_timeout, max_tokens_default,
+          threads, provider, num_draft_tokens, drafter, stats_in_response, shutdown_grace, use_ray, replicas,
+          replica_cpus, replica_gpus, ray_address, log_level) -> None:
+    """Serve ARTIFACT over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions), /health, /metrics."""
+    from specdec.models.manifest import load_manifest
+    from specdec.serve.config import ServeConfig
+
+    config = ServeConfig(artifact=artifact, model_name=model_name, max_concurrency=max_concurrency,
+                         max_queue=max_queue, request_timeout=request_timeout,
+                         max_tokens_default=max_tokens_default, threads=threads, provider=provider,
+                         num_draft_tokens=num_draft_tokens, drafter=drafter, stats_in_response=stats_in_response,
+                         shutdown_grace=shutdown_grace)
+    config.validate()
+    load_manifest(artifact, check_files=True)  # a bad artifact fails here, in one line, before any port opens
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if use_ray:
+        from specdec.serve import ray_app
+
+        ray_app.run(config, host, port, replicas, replica_cpus, replica_gpus, ray_address)
+        return
+    _serve_one_process(config, host, port, log_level)
+
+
+def _serve_one_process(config, host: str, port: int, log_level: str) -> None:
+    try:
+        import uvicorn
+
+        from specdec.serve.app import create_app
+    except ImportError:
+        raise MissingDependencyError("the server is not installed; pip install 'specdec[serve]'") from None
+    failures: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def on_load_error(message: str) -> None:
+        failures.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(config, on_load_error=on_load_error)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        raise SpecdecError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=config.shutdown_grace,
+                                           access_log=log_level == "debug"))
+    bound = sock.getsockname()[1]
+    click.echo(f"specdec serve: listening on http://{host}:{bound} (model '{config.served_model_name}', "
+               f"{config.max_concurrency} concurrent x {config.engine_threads()} threads, queue {config.max_queue})")
+    sys.stdout.flush()
+    server.run(sockets=[sock])
+    if failures:
+        raise SpecdecError(failures[0])

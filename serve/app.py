@@ -1,0 +1,433 @@
+"""The FastAPI app: OpenAI's /v1/chat/completions, /v1/completions and /v1/models, /health, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdec.models.errors import SpecdecError
+from specdec.runtime import Engine, GenerationConfig, GenerationResult
+from specdec.serve.admission import Admission, Draining, Overloaded, QueueTimeout
+from specdec.serve.config import ServeConfig
+from specdec.serve.generation import Generation
+from specdec.serve.metrics import ServerMetrics
+from specdec.serve import protocol
+from specdec.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
+
+log = logging.getLogger("specdec.serve")
+DISCONNECT_POLL_SECONDS = 0.1
+
+
+class ServerState:
+    """What the routes share: the engine (once loaded), admission, metrics, the thread pool."""
+
+    def __init__(self, config: ServeConfig, engine: Engine | None):
+        self.config = config
+        self.engine = engine
+        self.load_error: str | None = None
+        self.admission = Admission(config.max_concurrency, config.max_queue)
+        self.metrics = ServerMetrics(config.served_model_name)
+        self.executor = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="specdec-gen")
+        self.active: set[Generation] = set()
+
+    def load_engine(self) -> None:
+        """Load the artifact (blocking; call in a thread)."""
+        self.engine = Engine.load(self.config.artifact, provider=self.config.provider,
+                                  threads=self.config.engine_threads())
+
+    def update_load(self) -> None:
+        """Refresh the running/waiting gauges from admission's counts."""
+        self.metrics.set_load(self.admission.running, self.admission.waiting)
+
+
+def create_app(config: ServeConfig, engine: Engine | None = None, load_in_background: bool = True,
+               on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+    """Return the app. Without `engine`, it loads `config.artifact` at startup: in the background
+    (GET /health answers 503 until it is loaded) or, with load_in_background=False, before serving."""
+    config.validate()
+    state = ServerState(config, engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = None
+        if state.engine is None:
+            loader = asyncio.get_running_loop().run_in_executor(None, _load, state, on_load_error)
+            if not load_in_background:
+                await loader
+        try:
+            yield
+        finally:
+            await _shutdown(state)
+            if loader is not None and not loader.done():
+                await asyncio.wait([loader], timeout=1.0)
+
+    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.specdec = state
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, err: APIError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+        return JSONResponse(protocol.error_body(str(err.detail), kind, None, None), status_code=err.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse(protocol.error_body(str(err), "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, err: Exception) -> JSONResponse:
+        log.error("internal error on %s: %s: %s", request.url.path, type(err).__name__, err)
+        return JSONResponse(protocol.error_body("internal server error", "server_error"), status_code=500)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.engine is None:
+            detail = state.load_error or "loading"
+            return JSONResponse({"status": detail}, status_code=503)
+        if state.admission.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        state.update_load()
+        return Response(state.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        name = config.served_model_name
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "specdec",
+             "max_model_len": state.engine.max_positions if state.engine else None}]})
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = _parse(ChatCompletionRequest, await _json_body(request))
+        engine = _ready(state)
+        messages = protocol.chat_messages(body)
+        try:
+            text = engine.codec.chat_prompt(messages)
+        except SpecdecError as err:
+            raise APIError(400, str(err), param="messages") from None
+        ids = engine.codec.encode(text, add_special_tokens=False)
+        return await _complete(state, request, body, ids, chat=True, param="messages")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = _parse(CompletionRequest, await _json_body(request))
+        engine = _ready(state)
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise APIError(400, "only one prompt per request is supported", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, list):
+            if not prompt:
+                raise APIError(400, "prompt must not be empty", param="prompt")
+            vocab = engine.manifest.tokenizer.vocab_size
+            if any(not 0 <= token < vocab for token in prompt):
+                raise APIError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
+            ids = list(prompt)
+        else:
+            ids = engine.codec.encode(prompt)
+            if not ids:
+                raise APIError(400, "prompt must not be empty", param="prompt")
+        return await _complete(state, request, body, ids, chat=False, param="prompt")
+
+    return app
+
+
+def _load(state: ServerState, on_load_error: Callable[[str], None] | None) -> None:
+    try:
+        state.load_engine()
+        log.info("engine loaded: %s (%s)", state.config.artifact, state.engine.provider if state.engine else "?")
+    except Exception as err:  # a SpecdecError says what to change; anything else is still one line
+        state.load_error = f"engine failed to load: {err}"
+        log.error(state.load_error)
+        if on_load_error is not None:
+            on_load_error(state.load_error)
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise APIError(400, f"request body is not valid JSON: {err}") from None
+
+
+def _parse(model: type[BaseModel], body: Any) -> Any:
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    try:
+        parsed = model.model_validate(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+    refused = parsed.unsupported()
+    if refused:
+        raise APIError(400, refused[1], param=refused[0], code="unsupported_parameter")
+    return parsed
+
+
+def _ready(state: ServerState) -> Engine:
+    if state.engine is None:
+        raise APIError(503, state.load_error or "the model is still loading", type="server_error",
+                       code="model_not_ready", headers={"Retry-After": "1"})
+    return state.engine
+
+
+def _generation_config(state: ServerState, body: Any, prompt_length: int, param: str) -> GenerationConfig:
+    engine, config = state.engine, state.config
+    assert engine is not None
+    room = engine.max_positions - prompt_length
+    if room < 1:
+        raise APIError(400, f"prompt of {prompt_length} tokens leaves no room in the model's "
+                            f"{engine.max_positions} positions", param=param, code="context_length_exceeded")
+    max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or config.max_tokens_default
+    stops = body.stop_strings()
+    if len(stops) > protocol.MAX_STOP_STRINGS:
+        raise APIError(400, f"at most {protocol.MAX_STOP_STRINGS} stop strings", param="stop")
+    generation = GenerationConfig(
+        max_new_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default
+        top_k=max(body.top_k or 0, 0),
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=secrets.randbits(31) if body.seed is None else body.seed,
+        num_draft_tokens=config.num_draft_tokens if body.num_draft_tokens is None else body.num_draft_tokens,
+        drafter=body.drafter or config.drafter,
+        stop_strings=stops,
+    )
+    try:
+        generation.validate()
+        if generation.drafter == "model" and engine.draft is None:
+            raise SpecdecError("this artifact has no draft model; use drafter 'ngram' or 'none'")
+    except SpecdecError as err:
+        raise APIError(400, str(err)) from None
+    return generation
+
+
+async def _complete(state: ServerState, request: Request, body: Any, ids: list[int], chat: bool,
+                    param: str) -> Response:
+    arrival = time.perf_counter()
+    config = state.config
+    if body.model is not None and body.model != config.served_model_name:
+        raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
+                            f"'{config.served_model_name}'", type="not_found_error", param="model",
+                       code="model_not_found")
+    generation_config = _generation_config(state, body, len(ids), param)
+    deadline = arrival + config.request_timeout
+    metrics, model = state.metrics, config.served_model_name
+    try:
+        waited = await state.admission.acquire(timeout=deadline - time.perf_counter())
+    except Overloaded as err:
+        metrics.rejected.labels(model, "overloaded").inc()
+        raise APIError(429, str(err), type="rate_limit_exceeded", code="server_overloaded",
+                       headers={"Retry-After": str(err.retry_after)}) from None
+    except Draining:
+        metrics.rejected.labels(model, "draining").inc()
+        raise APIError(503, "server is shutting down", type="server_error", code="draining") from None
+    except QueueTimeout:
+        metrics.cancelled.labels(model, "deadline").inc()
+        raise APIError(504, f"request deadline of {config.request_timeout:g} s passed while queued",
+                       type="timeout_error", code="deadline_exceeded") from None
+    metrics.queue_time.labels(model).observe(waited)
+    state.update_load()
+    run = _Run(state, ids, generation_config, arrival, deadline)
+    want_stats = body.specdec_stats if body.specdec_stats is not None else config.stats_in_response
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _StreamResponse(_sse(run, chat, include_usage, want_stats), run.close,
+                               media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    watcher = asyncio.create_task(_watch_disconnect(request, run))
+    try:
+        result = await run.result()
+    finally:
+        watcher.cancel()
+        run.close("disconnect")
+    text = result.text
+    extra = {"specdec": _stats(result)} if want_stats else None
+    return JSONResponse(protocol.completion_response(
+        chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, text,
+        protocol.FINISH_REASONS.get(result.finish_reason, "stop"),
+        protocol.usage(len(ids), len(result.token_ids)), extra))
+
+
+class _Run:
+    """One admitted request: its Generation, its timings, and the release of its slot (exactly once)."""
+
+    def __init__(self, state: ServerState, ids: list[int], config: GenerationConfig, arrival: float,
+                 deadline: float):
+        self.state, self.arrival, self.deadline = state, arrival, deadline
+        self.metrics, self.model = state.metrics, state.config.served_model_name
+        self.prompt_tokens = len(ids)
+        self.generation = Generation(state.engine, ids, config, on_iteration=self._on_iteration)
+        self.generation.start(state.executor)
+        state.active.add(self.generation)
+        self.metrics.prompt_tokens.labels(self.model).inc(len(ids))
+        self.first_piece_at: float | None = None
+        self.last_piece_at: float | None = None
+        self.final: tuple[str, Any] | None = None  # the generation's last event, once received
+        self._closed = False
+
+    def _on_iteration(self, iteration) -> None:  # on the generation's thread
+        self.metrics.observe_iteration(iteration)
+        if iteration.committed:
+            self.metrics.generation_tokens.labels(self.model).inc(len(iteration.committed))
+
+    async def events(self) -> AsyncIterator[tuple[str, Any]]:
+        """Yield ("piece", text) events, then one final event; cancels on the deadline."""
+        queue = self.generation.events
+        while True:
+            remaining = self.deadline - time.perf_counter()
+            try:
+                kind, value = await asyncio.wait_for(queue.get(), timeout=max(remaining, 0.001))
+            except asyncio.TimeoutError:
+                self.generation.cancel("deadline")
+                continue  # the thread answers with ("cancelled", "deadline") within one iteration
+            if kind == "piece":
+                if not value:
+                    continue
+                now = time.perf_counter()
+                if self.first_piece_at is None:
+                    self.first_piece_at = now
+                    self.metrics.ttft.labels(self.model).observe(now - self.arrival)
+                else:
+                    self.metrics.itl.labels(self.model).observe(now - self.last_piece_at)
+                self.last_piece_at = now
+            if kind != "piece":
+                self.final = (kind, value)
+            yield kind, value
+            if kind != "piece":
+                return
+
+    async def result(self) -> GenerationResult:
+        """Return the finished generation's result; raise APIError if it was cancelled or failed."""
+        async for kind, value in self.events():
+            if kind != "piece":
+                return self._final(kind, value)
+        raise AssertionError("unreachable")
+
+    def _final(self, kind: str, value: Any) -> GenerationResult:
+        if kind == "done":
+            self.metrics.e2e.labels(self.model).observe(time.perf_counter() - self.arrival)
+            self.metrics.success.labels(self.model, protocol.FINISH_REASONS.get(value.finish_reason, "stop")).inc()
+            return value
+        if kind == "cancelled":
+            if value == "deadline":
+                raise APIError(504, f"request deadline of {self.state.config.request_timeout:g} s passed",
+                               type="timeout_error", code="deadline_exceeded")
+            raise APIError(503, f"generation cancelled ({value})", type="server_error", code="cancelled")
+        if isinstance(value, SpecdecError):
+            raise APIError(400, str(value))
+        log.error("generation failed: %s: %s", type(value).__name__, value)
+        raise APIError(500, "generation failed", type="server_error")
+
+    def close(self, reason: str = "disconnect") -> None:
+        """End the request: cancel the generation if it still runs (counting why), free the slot once."""
+        if self._closed:
+            return
+        self._closed = True
+        generation = self.generation
+        if self.final is None:  # still running: the client went away, or the request failed before the end
+            generation.cancel(reason)
+            self.metrics.cancelled.labels(self.model, generation.cancel_reason or reason).inc()
+        elif self.final[0] == "cancelled":
+            self.metrics.cancelled.labels(self.model, self.final[1]).inc()
+        self.state.active.discard(generation)
+        self.state.admission.release(time.perf_counter() - self.arrival)
+        self.state.update_load()
+
+
+async def _watch_disconnect(request: Request, run: _Run) -> None:
+    """Cancel a non-streamed request's generation when its client goes away."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            run.generation.cancel("disconnect")
+            return
+
+
+def _stats(result: GenerationResult) -> dict[str, Any]:
+    data = result.stats.as_dict()
+    data["draft_lengths"] = {str(k): v for k, v in data.get("draft_lengths", {}).items()}
+    return data
+
+
+def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool) -> AsyncIterator[str]:
+    async def stream() -> AsyncIterator[str]:
+        id_ = protocol.new_id("chatcmpl" if chat else "cmpl")
+        created, model = int(time.time()), run.model
+        if chat:
+            yield _data(protocol.chunk(chat, id_, created, model, role=True))
+        completion_tokens = 0
+        try:
+            async for kind, value in run.events():
+                if kind == "piece":
+                    yield _data(protocol.chunk(chat, id_, created, model, text=value))
+                    continue
+                result = run._final(kind, value)
+                completion_tokens = len(result.token_ids)
+                extra = {"specdec": _stats(result)} if want_stats else None
+                yield _data(protocol.chunk(chat, id_, created, model,
+                                           finish=protocol.FINISH_REASONS.get(result.finish_reason, "stop"),
+                                           extra=extra))
+        except APIError as err:  # the status line is gone: the error travels as an event, as vLLM does
+            yield _data(err.body())
+            yield "data: [DONE]\n\n"
+            return
+        if include_usage:
+            yield _data(protocol.chunk(chat, id_, created, model,
+                                       usage_=protocol.usage(run.prompt_tokens, completion_tokens)))
+        yield "data: [DONE]\n\n"
+
+    return stream()
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+class _StreamResponse(StreamingResponse):
+    """A StreamingResponse that calls `on_close` however it ends: finished, client gone, or cancelled."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[str], None], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close("disconnect")
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+
+async def _shutdown(state: ServerState) -> None:
+    """Stop admitting, give running generations `shutdown_grace` seconds, cancel the rest, stop the pool."""
+    state.admission.draining = True
+    loop = asyncio.get_running_loop()
+    end = loop.time() + state.config.shutdown_grace
+    while state.active and loop.time() < end:
+        await asyncio.sleep(0.05)
+    for generation in list(state.active):
+        generation.cancel("shutdown")  # counted as cancelled when its request closes
+    await loop.run_in_executor(None, lambda: state.executor.shutdown(wait=True, cancel_futures=True))

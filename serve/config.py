@@ -1,0 +1,52 @@
+"""The server's settings: one dataclass the CLI and the Ray deployment fill in."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from specdec.models.errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How one server process (or one Ray replica) serves one artifact."""
+
+    artifact: str
+    model_name: str | None = None  # the `model` clients send; None: the artifact folder's name
+    max_concurrency: int = 1  # generations running at once (each in its own pool thread)
+    max_queue: int = 16  # requests waiting for a slot; one more gets 429 + Retry-After
+    request_timeout: float = 300.0  # seconds from arrival (queue included) until a request is cut off
+    max_tokens_default: int = 256  # max_tokens when the request sets none
+    # onnxruntime intra-op threads per generation; None: cores // max_concurrency, so that
+    # threads x concurrent generations <= cores (more only makes the runs fight for cores)
+    threads: int | None = None
+    provider: str = "auto"
+    num_draft_tokens: int | str | None = None  # server default K (None: the artifact's)
+    drafter: str = "auto"  # server default drafter
+    stats_in_response: bool = False  # add per-request speculative stats ("specdec") to every response
+    shutdown_grace: float = 30.0  # on SIGTERM, seconds running generations get to finish before cancel
+
+    def validate(self) -> None:
+        """Raise SpecdecError for an out-of-range setting."""
+        if self.max_concurrency < 1:
+            raise SpecdecError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_queue < 0:
+            raise SpecdecError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.request_timeout <= 0:
+            raise SpecdecError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.max_tokens_default < 1:
+            raise SpecdecError(f"max_tokens_default must be >= 1, got {self.max_tokens_default}")
+        if self.threads is not None and self.threads < 1:
+            raise SpecdecError(f"threads must be >= 1, got {self.threads}")
+
+    @property
+    def served_model_name(self) -> str:
+        """Return the model id clients address (`model` in requests, `id` in /v1/models)."""
+        return self.model_name or os.path.basename(os.path.normpath(self.artifact))
+
+    def engine_threads(self, cores: int | None = None) -> int:
+        """Return intra-op threads per generation: `threads`, else cores // max_concurrency (at least 1)."""
+        if self.threads is not None:
+            return self.threads
+        return max(1, (cores or os.cpu_count() or 1) // self.max_concurrency)

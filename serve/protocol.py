@@ -1,0 +1,193 @@
+"""OpenAI request bodies (pydantic), the error shape, and the response/chunk builders.
+
+Errors follow OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, as vLLM's
+server does. Fields OpenAI defines but specdec cannot honour (n > 1, logprobs, tools, ...)
+are refused with a 400 naming the field, never silently ignored; fields it does not know
+are ignored, as OpenAI's own clients add new ones over time.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape with an HTTP status."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """Return the JSON body: {"error": {message, type, param, code}}."""
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:
+    """Return OpenAI's error object."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: StrictStr
+    content: Union[StrictStr, list[TextPart], None] = None
+
+
+class _Common(BaseModel):
+    """Fields both endpoints share, with specdec's own knobs as extra body fields."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: StrictInt | None = Field(default=None, ge=-1)  # vLLM's extension; -1 and 0 mean off
+    seed: StrictInt | None = None
+    stop: Union[StrictStr, list[StrictStr], None] = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    # specdec's knobs (extra_body in the openai client)
+    num_draft_tokens: Union[StrictInt, Literal["auto"], None] = None  # K
+    drafter: Literal["auto", "model", "ngram", "none"] | None = None
+    specdec_stats: StrictBool | None = None  # include this request's speculative stats
+    # OpenAI fields specdec refuses unless they hold their neutral value (see unsupported())
+    n: StrictInt | None = None
+    best_of: StrictInt | None = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    logit_bias: Any = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    echo: StrictBool | None = None
+    suffix: Any = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """Return (field, reason) for the first field set to a value specdec cannot serve, else None."""
+        checks = [
+            ("n", self.n not in (None, 1), "only n=1 is supported"),
+            ("best_of", self.best_of not in (None, 1), "only best_of=1 is supported"),
+            ("logprobs", self.logprobs not in (None, False, 0), "logprobs are not supported"),
+            ("top_logprobs", self.top_logprobs not in (None, 0), "top_logprobs are not supported"),
+            ("logit_bias", bool(self.logit_bias), "logit_bias is not supported"),
+            ("presence_penalty", self.presence_penalty not in (None, 0, 0.0), "presence_penalty is not supported"),
+            ("frequency_penalty", self.frequency_penalty not in (None, 0, 0.0), "frequency_penalty is not supported"),
+            ("response_format", _format_type(self.response_format) not in (None, "text"),
+             "only response_format {\"type\": \"text\"} is supported"),
+            ("tools", bool(self.tools), "tools are not supported"),
+            ("tool_choice", self.tool_choice not in (None, "none", "auto"), "tool_choice is not supported"),
+            ("functions", bool(self.functions), "functions are not supported"),
+            ("function_call", self.function_call not in (None, "none", "auto"), "function_call is not supported"),
+            ("echo", bool(self.echo), "echo is not supported"),
+            ("suffix", bool(self.suffix), "suffix is not supported"),
+        ]
+        return next(((field, reason) for field, bad, reason in checks if bad), None)
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """Return the stop strings as a tuple (empty strings dropped)."""
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return tuple(s for s in stops if s)
+
+
+def _format_type(value: Any) -> str | None:
+    return value.get("type") if isinstance(value, dict) else (None if value is None else str(value))
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage]
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens
+
+
+class CompletionRequest(_Common):
+    prompt: Union[StrictStr, list[StrictStr], list[StrictInt]]
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
+    """Return the messages as {role, content} strings for the chat template; raise APIError for what it cannot take."""
+    if not request.messages:
+        raise APIError(400, "messages must not be empty", param="messages")
+    out = []
+    for i, message in enumerate(request.messages):
+        if message.role not in CHAT_ROLES:
+            raise APIError(400, f"messages[{i}].role '{message.role}' is not supported (use one of "
+                                f"{', '.join(CHAT_ROLES)})", param=f"messages[{i}].role")
+        content = message.content
+        if isinstance(content, list):
+            if any(part.type != "text" or part.text is None for part in content):
+                raise APIError(400, f"messages[{i}].content: only text parts are supported",
+                               param=f"messages[{i}].content")
+            content = "".join(part.text or "" for part in content)
+        out.append({"role": message.role, "content": content or ""})
+    return out
+
+
+def new_id(prefix: str) -> str:
+    """Return a fresh response id such as 'chatcmpl-3f2a...'."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "max_positions": "length"}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """Return OpenAI's usage object."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_response(chat: bool, id: str, model: str, text: str, finish: str, usage_: dict[str, int],
+                        extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return a non-streamed chat.completion or text_completion body."""
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    body = {"id": id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": usage_}
+    return {**body, **(extra or {})}
+
+
+def chunk(chat: bool, id: str, created: int, model: str, text: str | None = None, finish: str | None = None,
+          role: bool = False, usage_: dict[str, int] | None = None, extra: dict[str, Any] | None = None) -> dict:
+    """Return one streamed chunk; with `usage_` and no text/finish it is the usage-only last chunk."""
+    if usage_ is not None and text is None and finish is None:
+        choices: list[dict] = []
+    elif chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+        if text:
+            delta["content"] = text
+        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    else:
+        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+    body = {"id": id, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+            "model": model, "choices": choices}
+    if usage_ is not None:
+        body["usage"] = usage_
+    return {**body, **(extra or {})}
