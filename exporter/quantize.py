@@ -1,7 +1,7 @@
 """Weight precision of exported graphs: int8 and int4 MatMul weights (onnxruntime MatMulNBits).
 
-Only the MatMul weights change; inputs, outputs and the KV cache stay float, so the runtime
-drives a quantized graph exactly like an fp32 one.
+Only weights change; inputs, outputs and the KV cache stay float, so the runtime drives a
+quantized graph exactly like an fp32 one.
 
 Why not `quantize_dynamic` (MatMulInteger) for int8: it quantizes activations with ONE scale
 per tensor, computed over all the tokens of a call. A 5-token verify call then rounds each
@@ -9,6 +9,8 @@ token differently from the 1-token calls of plain decoding, and speculative gree
 stops matching target-only output (seen on the tiny llama: first mismatch at token 16,
 well outside a near-tie). MatMulNBits quantizes activations per row (per token), so a
 token's result does not depend on its neighbours in the call.
+
+What else is quantized and fused, and why, is in `nbits_graph.py` (figures: docs/INT4.md).
 """
 
 from __future__ import annotations
@@ -20,16 +22,23 @@ import os
 from pathlib import Path
 from typing import Any
 
+from specdec.exporter.nbits_graph import fold_transposed_weights, fuse_shared_input_matmuls, tie_embedding
+from specdec.exporter.packed_attention import pack_attention_inputs
 from specdec.models.manifest import sha256_of_file
 
 WEIGHT_CHOICES = ("fp32", "fp16", "int8", "int4")
-BLOCK_SIZE = 32  # weights per scale: smaller blocks keep more accuracy, cost a little speed
-# accuracy_level 4: MatMulNBits computes in int8 on CPU (activations quantized per row), its fastest kernel.
+BLOCK_SIZE = 32  # weights per scale: smaller blocks keep more accuracy, cost a little speed (genai's int4: 32)
+# accuracy_level 4: MatMulNBits computes in int8 on CPU, activations quantized per row and block, its fastest kernel.
 ACCURACY_LEVEL = 4
 
 
 def quantize_graph(graph_path: Path, weights: str) -> dict[str, Any]:
-    """Quantize the MatMul weights of `graph_path` in place to int8 or int4; return a manifest record."""
+    """Quantize `graph_path` in place to int8 or int4 MatMul weights; return a manifest record.
+
+    Every MatMul with constant weights is quantized, the lm_head included (a tied one too,
+    after folding its Transpose); at int4 a tied embedding then reads the lm_head's blocks;
+    MatMuls sharing an input are fused; attention then takes the packed q/k/v projection.
+    """
     if weights not in ("int8", "int4"):
         raise ValueError(f"quantize_graph handles int8 and int4, not {weights}")
     before = sha256_of_file(graph_path)
@@ -40,11 +49,25 @@ def quantize_graph(graph_path: Path, weights: str) -> dict[str, Any]:
         import onnx
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(graph_path)), bits=bits, block_size=BLOCK_SIZE,
+        model = onnx.load(str(graph_path))
+        folded = fold_transposed_weights(model)
+        quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=BLOCK_SIZE,
                                          is_symmetric=True, accuracy_level=ACCURACY_LEVEL)
         quantizer.process()
-        quantizer.model.save_model_to_file(str(temporary), use_external_data_format=False)
+        model = quantizer.model.model
+        unquantized = sum(1 for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in
+                          {i.name for i in model.graph.initializer})
+        tied = tie_embedding(model, folded) if bits == 4 else None
+        fused = fuse_shared_input_matmuls(model)
+        packed = pack_attention_inputs(model)
+        onnx.save(model, str(temporary))
     method = (f"onnxruntime MatMulNBits: MatMul weights {weights}, block {BLOCK_SIZE}, symmetric, "
               f"accuracy level {ACCURACY_LEVEL}")
     os.replace(temporary, graph_path)
-    return {"weights": weights, "method": method, "sha256_before": before, "sha256_after": sha256_of_file(graph_path)}
+    return {"weights": weights, "method": method,
+            "lm_head": weights if folded or not unquantized else "fp32",
+            "embedding": f"{weights}, the lm_head's blocks (tied)" if tied else "fp32",
+            "constant_matmuls_left_fp32": unquantized,
+            "matmuls_fused": fused,
+            "attention_packed_qkv_rotary_inside": packed,
+            "sha256_before": before, "sha256_after": sha256_of_file(graph_path)}
