@@ -8,6 +8,7 @@ are ignored, as OpenAI's own clients add new ones over time.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from typing import Any, Literal, Union
@@ -152,6 +153,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+# Which process answered (one Ray replica from another); OpenAI's field for the serving configuration.
+SYSTEM_FINGERPRINT = f"specdec-{os.getpid()}"
+
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "max_positions": "length"}
 
 
@@ -170,7 +174,7 @@ def completion_response(chat: bool, id: str, model: str, text: str, finish: str,
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     body = {"id": id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage_}
+            "model": model, "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": usage_}
     return {**body, **(extra or {})}
 
 
@@ -187,7 +191,7 @@ def chunk(chat: bool, id: str, created: int, model: str, text: str | None = None
     else:
         choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
     body = {"id": id, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": model, "choices": choices}
+            "model": model, "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
     if usage_ is not None:
         body["usage"] = usage_
     return {**body, **(extra or {})}

@@ -14,6 +14,9 @@ import threading
 from specdec.models.errors import MissingDependencyError
 from specdec.serve.config import ServeConfig
 
+# A local Ray's object store otherwise takes 30% of RAM; replicas pass only small HTTP bodies.
+LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
+
 
 def _ray_serve():
     try:
@@ -59,7 +62,8 @@ def run(config: ServeConfig, host: str, port: int, replicas: int, cpus_per_repli
         gpus_per_replica: float = 0.0, address: str | None = None, ready: "threading.Event | None" = None) -> None:
     """Start Ray (or join `address`), deploy, serve on host:port until SIGINT/SIGTERM, then shut down."""
     ray, serve = _ray_serve()
-    ray.init(address=address, include_dashboard=False, logging_level="WARNING")
+    local = {} if address else {"object_store_memory": LOCAL_OBJECT_STORE_BYTES}
+    ray.init(address=address, include_dashboard=False, logging_level="WARNING", **local)
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(config, replicas, cpus_per_replica, gpus_per_replica), name="specdec", route_prefix="/")

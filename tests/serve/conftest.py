@@ -1,0 +1,97 @@
+"""A live server on 127.0.0.1 (ephemeral port) in a thread of the test process, over a tiny artifact."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+
+from specdec.runtime import Engine  # noqa: E402
+from specdec.serve import ServeConfig, create_app  # noqa: E402
+
+MODEL = "tiny"
+START_TIMEOUT = 30.0
+
+
+class LiveServer:
+    """uvicorn serving `app` on a socket bound to 127.0.0.1:0, in a daemon thread."""
+
+    def __init__(self, app, shutdown_grace: float = 5.0):
+        self.app = app
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=shutdown_grace))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def state(self):
+        return self.app.state.specdec
+
+    def start(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "server did not stop"
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Return the value of one sample of /metrics (0 if absent)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line.startswith("#") or not line.startswith(name):
+                continue
+            head, value = line.rsplit(" ", 1)
+            metric, _, label_text = head.partition("{")
+            if metric != name:
+                continue
+            if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+                return float(value)
+        return 0.0
+
+
+@contextmanager
+def live_server(engine: Engine | None, artifact: Path, **settings):
+    """Start a server over `engine` (already loaded) with ServeConfig `settings`; stop it afterwards."""
+    grace = settings.pop("shutdown_grace", 5.0)
+    config = ServeConfig(artifact=str(artifact), model_name=MODEL, shutdown_grace=grace, **settings)
+    server = LiveServer(create_app(config, engine), shutdown_grace=grace).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def serve_artifact(tiny_artifacts) -> Path:
+    """The tiny llama draft+target artifact the server tests use."""
+    return tiny_artifacts["llama"]
+
+
+@pytest.fixture(scope="session")
+def serve_engine(serve_artifact) -> Engine:
+    """One loaded engine shared by the server tests (1 intra-op thread: two generations fit 2 cores)."""
+    return Engine.load(serve_artifact, provider="cpu", threads=1)
+
+
+@pytest.fixture(scope="module")
+def server(serve_engine, serve_artifact):
+    """A server with 2 concurrent generations and a queue of 32."""
+    with live_server(serve_engine, serve_artifact, max_concurrency=2, max_queue=32) as live:
+        yield live

@@ -1,0 +1,112 @@
+"""The official openai client against the live server: chat and completions, streamed and not."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from specdec.cli.main import main
+from specdec.runtime import GenerationConfig
+from tests.serve.conftest import MODEL
+
+openai = pytest.importorskip("openai")
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
+
+
+def _client(server) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_models_and_health(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    assert [m.id for m in _client(server).models.list()] == [MODEL]
+
+
+def test_greedy_chat_equals_specdec_generate(server, serve_artifact):
+    reply = _client(server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=24, temperature=0)
+    cli = CliRunner().invoke(main, ["generate", str(serve_artifact), PROMPT, "--chat", "--max-new-tokens", "24",
+                                    "--provider", "cpu", "--json"])
+    assert cli.exit_code == 0, cli.output
+    expected = json.loads(cli.stdout)
+    assert reply.choices[0].message.content == expected["text"]
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.usage.completion_tokens == len(expected["token_ids"])
+    assert reply.choices[0].finish_reason == {"eos": "stop", "length": "length"}[expected["finish_reason"]]
+
+
+def test_streamed_chat_matches_non_streamed(server):
+    client = _client(server)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_completions_streamed_and_not_equal_the_engine(server, serve_engine):
+    client = _client(server)
+    expected = serve_engine.generate(PROMPT, GenerationConfig(max_new_tokens=20)).text
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, stream=True))
+    assert whole.choices[0].text == streamed == expected
+    assert whole.object == "text_completion"
+
+
+@pytest.mark.parametrize("knobs", [{"drafter": "none"}, {"drafter": "model", "num_draft_tokens": 3},
+                                   {"drafter": "ngram", "num_draft_tokens": "auto"}])
+def test_greedy_output_is_the_same_under_every_drafter_and_stats_come_back(server, serve_engine, knobs):
+    reply = _client(server).completions.create(model=MODEL, prompt=PROMPT, max_tokens=32, temperature=0,
+                                               extra_body={**knobs, "specdec_stats": True})
+    assert reply.choices[0].text == serve_engine.generate(PROMPT, GenerationConfig(max_new_tokens=32)).text
+    stats = reply.model_extra["specdec"]
+    assert stats["drafter"] == knobs["drafter"] and stats["new_tokens"] == reply.usage.completion_tokens
+    if knobs["drafter"] == "model":
+        assert stats["drafted"] > 0 and stats["num_draft_tokens"] == "3"
+
+
+def test_sampling_with_a_seed_repeats_and_stop_strings_cut(server, serve_engine):
+    client = _client(server)
+    runs = [client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0.9, top_p=0.95,
+                                      seed=7, extra_body={"num_draft_tokens": 3}).choices[0].text for _ in range(2)]
+    assert runs[0] == runs[1]
+    expected = serve_engine.generate(PROMPT, GenerationConfig(max_new_tokens=24, temperature=0.9, top_p=0.95,
+                                                              seed=7, num_draft_tokens=3)).text
+    assert runs[0] == expected
+    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
+    stop = full.strip()[:3]
+    assert stop, full
+    cut = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
+    assert cut.choices[0].text == full[:full.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+def test_speculative_counters_move_under_vllm_and_llamacpp_names(server):
+    before = {n: server.metric(n) for n in ("vllm:spec_decode_num_drafts_total",
+                                            "vllm:spec_decode_num_draft_tokens_total",
+                                            "vllm:spec_decode_num_accepted_tokens_total",
+                                            "llamacpp:spec_decode_num_draft_tokens")}
+    reply = _client(server).completions.create(model=MODEL, prompt=PROMPT, max_tokens=32, temperature=0,
+                                               extra_body={"drafter": "model", "num_draft_tokens": 3,
+                                                           "specdec_stats": True})
+    stats = reply.model_extra["specdec"]
+    delta = {n: server.metric(n) - v for n, v in before.items()}
+    assert delta["vllm:spec_decode_num_draft_tokens_total"] == stats["drafted"] > 0
+    assert delta["llamacpp:spec_decode_num_draft_tokens"] == stats["drafted"]
+    assert delta["vllm:spec_decode_num_accepted_tokens_total"] == stats["accepted"]
+    assert delta["vllm:spec_decode_num_drafts_total"] == sum(n for k, n in stats["draft_lengths"].items() if k != "0")
+    per_pos = [server.metric("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(p))
+               for p in range(3)]
+    assert per_pos == sorted(per_pos, reverse=True)  # accepting position p needs positions < p accepted
+    for name in ("vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
+                 "vllm:inter_token_latency_seconds_count"):
+        assert server.metric(name) > 0, name
