@@ -1,0 +1,94 @@
+"""Bad requests get 4xx in OpenAI's error shape, never a 500 or a traceback; /health says 503 until loaded."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from specdec.serve import ServeConfig, create_app
+from tests.serve.conftest import MODEL, LiveServer
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+USER = [{"role": "user", "content": "hi"}]
+
+CASES = [
+    ("malformed JSON", CHAT, b'{"messages": [', 400, None),
+    ("body not an object", CHAT, b"[1, 2]", 400, None),
+    ("messages missing", CHAT, {"model": MODEL}, 400, "messages"),
+    ("messages wrong type", CHAT, {"messages": "hi"}, 400, "messages"),
+    ("max_tokens wrong type", CHAT, {"messages": USER, "max_tokens": "ten"}, 400, "max_tokens"),
+    ("max_tokens zero", CHAT, {"messages": USER, "max_tokens": 0}, 400, "max_tokens"),
+    ("temperature wrong type", CHAT, {"messages": USER, "temperature": "hot"}, 400, "temperature"),
+    ("top_p out of range", CHAT, {"messages": USER, "top_p": 0}, 400, "top_p"),
+    ("stream wrong type", CHAT, {"messages": USER, "stream": "yes"}, 400, "stream"),
+    ("unknown model", CHAT, {"model": "gpt-4o", "messages": USER}, 404, "model"),
+    ("empty messages", CHAT, {"messages": []}, 400, "messages"),
+    ("tool role", CHAT, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+    ("image part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     400, "messages[0].content"),
+    ("n > 1", CHAT, {"messages": USER, "n": 2}, 400, "n"),
+    ("logprobs", CHAT, {"messages": USER, "logprobs": True}, 400, "logprobs"),
+    ("tools", CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("json mode", CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("five stop strings", CHAT, {"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("bad K", CHAT, {"messages": USER, "num_draft_tokens": 0}, 400, None),
+    ("bad drafter", CHAT, {"messages": USER, "drafter": "oracle"}, 400, "drafter"),
+    ("over-long prompt ids", COMPLETIONS, {"prompt": [5] * 600}, 400, "prompt"),
+    ("over-long prompt text", COMPLETIONS, {"prompt": "word " * 2000}, 400, "prompt"),
+    ("token id out of vocabulary", COMPLETIONS, {"prompt": [10**6]}, 400, "prompt"),
+    ("empty prompt", COMPLETIONS, {"prompt": ""}, 400, "prompt"),
+    ("two prompts", COMPLETIONS, {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("echo", COMPLETIONS, {"prompt": "a", "echo": True}, 400, "echo"),
+]
+
+
+@pytest.mark.parametrize("name,path,body,status,param", CASES, ids=[c[0] for c in CASES])
+def test_bad_request_gets_openai_error(server, name, path, body, status, param):
+    if isinstance(body, bytes):
+        response = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"})
+    else:
+        response = httpx.post(server.url + path, json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert "Traceback" not in response.text
+    if param is not None:
+        assert error["param"] == param, error
+
+
+@pytest.mark.parametrize("method,path,status", [("GET", "/nowhere", 404), ("GET", CHAT, 405), ("DELETE", "/v1/models", 405)])
+def test_wrong_routes_get_openai_errors(server, method, path, status):
+    response = httpx.request(method, server.url + path)
+    assert response.status_code == status
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_health_is_503_until_the_engine_is_loaded(serve_artifact, monkeypatch):
+    from specdec.serve.app import ServerState
+
+    release = threading.Event()
+    original = ServerState.load_engine
+
+    def slow_load(self):
+        assert release.wait(30)
+        original(self)
+
+    monkeypatch.setattr(ServerState, "load_engine", slow_load)
+    live = LiveServer(create_app(ServeConfig(artifact=str(serve_artifact), model_name=MODEL))).start()
+    try:
+        assert httpx.get(live.url + "/health").status_code == 503
+        early = httpx.post(live.url + CHAT, json={"messages": USER})
+        assert early.status_code == 503 and early.json()["error"]["code"] == "model_not_ready"
+        release.set()
+        end = time.monotonic() + 30
+        while httpx.get(live.url + "/health").status_code != 200:
+            assert time.monotonic() < end, "engine never loaded"
+            time.sleep(0.05)
+        assert httpx.post(live.url + CHAT, json={"messages": USER, "max_tokens": 2}).status_code == 200
+    finally:
+        release.set()
+        live.stop()
