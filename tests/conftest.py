@@ -20,9 +20,19 @@ def _private_call_cost_cache(tmp_path, monkeypatch):
     monkeypatch.delenv(NO_CACHE_ENV, raising=False)
 
 
+# A folder that keeps the tiny artifacts across pytest runs (the mutation check sets it): the
+# exporter is not what those runs test, and re-exporting per mutant would cost minutes.
+ARTIFACT_CACHE_ENV = "SPECDEC_TEST_ARTIFACT_CACHE"
+
+
 def _export(target: Path, draft: Path | None, output: Path) -> Path:
     from specdec.exporter.pipeline import ExportConfig, run_export
 
+    cache = os.environ.get(ARTIFACT_CACHE_ENV)
+    if cache:
+        output = Path(cache, output.parent.name.rstrip("0123456789"), output.name)
+        if (output / "specdec.json").is_file():
+            return output
     run_export(ExportConfig(target=str(target), draft=str(draft) if draft else None, output=output),
                progress=lambda message: None)
     return output
@@ -60,6 +70,24 @@ def tiny_near_draft_artifact(tiny_sources, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tiny-near")
     draft = build_perturbed_draft(target, root / "draft", noise=0.03, seed=1)
     return _export(target, draft, root / "art")
+
+
+@pytest.fixture(scope="session")
+def tiny_close_artifacts(tiny_sources, tmp_path_factory) -> dict[str, Path]:
+    """Return {family: artifact} whose draft is the target plus weight noise of std 0.01.
+
+    The exactness tests' pair: greedy drafts are accepted about half the time (alpha 0.46
+    llama, 0.64 gpt2 over the PROMPTS of test_exactness), so accepted drafts, rejections and
+    bonus tokens all occur, where the independent random drafts were almost never accepted.
+    """
+    from specdec.exporter.tiny_models import build_perturbed_draft
+
+    root = tmp_path_factory.mktemp("tiny-close")
+    artifacts = {}
+    for family, (target, _) in tiny_sources.items():
+        draft = build_perturbed_draft(target, root / f"{family}-draft", noise=0.01, seed=1)
+        artifacts[family] = _export(target, draft, root / family)
+    return artifacts
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,6 @@ def near_tie_mismatches(engine: Engine, prompt_ids: list[int], reference: list[i
     return []
 
 
-def greedy(engine: Engine, prompt: str | list[int], **overrides):
+def greedy(engine: Engine, prompt: str | list[int], on_iteration=None, **overrides):
     """Return the GenerationResult of a greedy generation with the given overrides."""
-    return engine.generate(prompt, GenerationConfig(**{"max_new_tokens": 48, **overrides}))
+    return engine.generate(prompt, GenerationConfig(**{"max_new_tokens": 48, **overrides}), on_iteration)

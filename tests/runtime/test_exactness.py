@@ -1,4 +1,9 @@
-"""Speculative output must be the target's own: token for token under greedy, in distribution when sampling."""
+"""Speculative output must be the target's own: token for token under greedy, in distribution when sampling.
+
+Every test here runs with drafts that do get accepted (a draft that is the target plus small
+weight noise, or the target itself) and asserts that accepted drafts, rejections and bonus
+tokens occurred, so none of them can pass on the reject-everything path alone.
+"""
 
 import dataclasses
 from collections import Counter
@@ -15,119 +20,175 @@ PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "one, two, three
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_artifacts):
-    return {family: Engine.load(path, provider="cpu") for family, path in tiny_artifacts.items()}
+def engines(tiny_close_artifacts):
+    return {family: Engine.load(path, provider="cpu") for family, path in tiny_close_artifacts.items()}
+
+
+def _prompts_for(engine, drafter):
+    """Token-id prompts; for the n-gram drafter also the target's own output repeated, which it copies from."""
+    prompts = [engine.prompt_ids(p) for p in PROMPTS + ["Hello world!"]]
+    if drafter == "ngram":
+        for ids in list(prompts):
+            prompts.append((ids + greedy(engine, ids, drafter="none", max_new_tokens=32).token_ids) * 3)
+    return prompts
+
+
+def _account(reference, iterations, eos_ids):
+    """Return (accepted, rejections, bonus) recounted from the drafts and the target-only output.
+
+    Independent of the loop's own counters: under greedy a draft is accepted iff it equals the
+    target-only token at its position; an EOS among accepted drafts ends the count there.
+    """
+    accepted = rejections = bonus = 0
+    position = 1  # the prefill committed reference[0]
+    for iteration in iterations:
+        if iteration.prefill:
+            continue
+        drafts, kept, cut = iteration.drafted, 0, False
+        while kept < len(drafts) and position + kept < len(reference) and drafts[kept] == reference[position + kept]:
+            kept += 1
+            if drafts[kept - 1] in eos_ids:
+                cut = True
+                break
+        accepted += kept
+        if drafts and not cut:
+            if kept == len(drafts):
+                bonus += 1
+            else:
+                rejections += 1
+        position += kept + (0 if cut else 1)
+    return accepted, rejections, bonus
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_greedy_speculative_equals_target_only(engines, family, drafter):
+    """Greedy output equals target-only for K 1, 2, 4, 7 and auto, and the stats count exactly what happened."""
     engine = engines[family]
-    for prompt in PROMPTS:
-        reference = greedy(engine, prompt, drafter="none")
+    totals = Counter()
+    for prompt_ids in _prompts_for(engine, drafter):
+        reference = greedy(engine, prompt_ids, drafter="none")
         assert len(reference.token_ids) == 48 or reference.finish_reason == "eos"
         for k in (1, 2, 4, 7, "auto"):
-            result = greedy(engine, prompt, drafter=drafter, num_draft_tokens=k)
-            mismatches = near_tie_mismatches(engine, reference.prompt_ids, reference.token_ids, result.token_ids)
-            if not mismatches:
-                assert result.token_ids == reference.token_ids
+            iterations = []
+            result = greedy(engine, prompt_ids, drafter=drafter, num_draft_tokens=k, ngram_min=1,
+                            on_iteration=iterations.append)
             assert len(result.token_ids) <= 48
+            mismatches = near_tie_mismatches(engine, reference.prompt_ids, reference.token_ids, result.token_ids)
+            if mismatches:  # a rounding flip at a near-tie: the recount below needs the same output
+                totals["near-tie runs"] += 1
+                continue
+            assert result.token_ids == reference.token_ids
+            s = result.stats
+            assert (s.accepted, s.acceptance_tests - s.accepted, s.bonus_tokens) == _account(
+                reference.token_ids, iterations, engine.eos_token_ids)
+            assert s.drafted == sum(len(it.drafted) for it in iterations)
+            assert s.acceptance_rate == (s.accepted / s.drafted if s.drafted else 0.0)
+            totals.update(accepted=s.accepted, rejections=s.acceptance_tests - s.accepted, bonus=s.bonus_tokens)
+    assert totals["near-tie runs"] <= 2, totals
+    # the test must have seen every path of the verify step, not only rejections
+    assert totals["accepted"] >= 20 and totals["rejections"] >= 10 and totals["bonus"] >= 3, totals
 
 
-def test_draft_equal_to_target_accepts_nearly_everything(tiny_self_draft_artifact):
+def test_model_drafts_are_the_draft_models_own_greedy_continuation(engines):
+    """Each iteration's drafts equal what the draft model alone proposes after the committed context.
+
+    Checks the draft cache's rollback: a draft cache holding one position too many or too few
+    after a rejection proposes other tokens, which greedy equality alone would not show.
+    """
+    engine = engines["llama"]
+    checked = 0
+    for prompt in PROMPTS:
+        iterations = []
+        result = greedy(engine, prompt, drafter="model", num_draft_tokens=3, on_iteration=iterations.append)
+        context = list(result.prompt_ids)
+        for iteration in iterations:
+            if iteration.drafted:
+                cache = engine.draft.new_cache()
+                logits = engine.draft.forward(cache, context)[-1]
+                expected = []
+                for _ in iteration.drafted:
+                    expected.append(int(np.argmax(logits)))
+                    logits = engine.draft.forward(cache, expected[-1:])[-1]
+                assert iteration.drafted == expected, (len(context), iteration)
+                checked += 1
+            context.extend(iteration.committed)
+        assert result.stats.acceptance_tests > result.stats.accepted  # rejections happened: rollbacks ran
+    assert checked >= 30
+
+
+def test_draft_equal_to_target_accepts_everything(tiny_self_draft_artifact):
+    """draft == target: every draft passes, so the counts are known exactly, bonus tokens apart from accepted."""
     engine = Engine.load(tiny_self_draft_artifact, provider="cpu")
     result = greedy(engine, PROMPTS[0], num_draft_tokens=4, max_new_tokens=41)
-    stats = result.stats
-    assert stats.acceptance_rate > 0.95, stats.as_dict()
-    assert stats.bonus_tokens >= 7
-    # 40 tokens after the prefill, 5 per target call when all 4 drafts pass
-    assert stats.iterations == 8 and stats.tokens_per_target_call == 5.0
+    s = result.stats
+    # 40 tokens after the prefill, 5 per target call: 4 accepted drafts and 1 bonus
+    assert (s.iterations, s.drafted, s.accepted, s.bonus_tokens) == (8, 32, 32, 8), s.as_dict()
+    assert s.acceptance_rate == 1.0 and s.alpha == 1.0 and s.tokens_per_target_call == 5.0
     sampled = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=41, temperature=1.0, seed=3))
-    assert sampled.stats.acceptance_rate > 0.95  # p == q: every draft passes u < p/q
+    s = sampled.stats
+    assert s.acceptance_rate == 1.0 and s.accepted == s.drafted  # p == q: every draft passes u < p/q
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_max_new_tokens_is_exact(engines, k):
-    engine = engines["llama"]
-    for max_new in (1, 2, 3, 5, 9):
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_max_new_tokens_is_exact(tiny_self_draft_artifact, k):
+    """With every draft accepted, each call would commit K+1 tokens: the loop must still stop at the limit."""
+    engine = Engine.load(tiny_self_draft_artifact, provider="cpu")
+    bonus = 0
+    for max_new in (1, 2, 3, 4, 5, 6, 9, 10):
         result = greedy(engine, PROMPTS[0], num_draft_tokens=k, max_new_tokens=max_new)
         reference = greedy(engine, PROMPTS[0], drafter="none", max_new_tokens=max_new)
         assert len(result.token_ids) == max_new
         assert result.token_ids == reference.token_ids
         assert result.finish_reason == "length"
+        assert result.stats.drafted == result.stats.accepted  # never drafts past what can be kept
+        bonus += result.stats.bonus_tokens
+    assert bonus > 0
 
 
-def test_max_new_tokens_smaller_than_k(tiny_self_draft_artifact):
+def test_eos_inside_an_accepted_block_ends_the_counts_there(tiny_self_draft_artifact):
+    """An EOS that is the 2nd of 4 accepted drafts: output, accepted and bonus counts stop at it."""
     engine = Engine.load(tiny_self_draft_artifact, provider="cpu")
-    result = greedy(engine, PROMPTS[0], num_draft_tokens=8, max_new_tokens=3)
-    assert len(result.token_ids) == 3
-    assert result.stats.drafted <= 2  # never drafts past what can be kept
+    free = greedy(engine, PROMPTS[0], num_draft_tokens=4, max_new_tokens=30)
+    # Token 7 is the 2nd draft of the 2nd verify call (token 0: prefill; 1-5: call 1; 6-10: call 2).
+    eos = free.token_ids[7]
+    if eos in free.token_ids[:7]:
+        pytest.fail("pick another position: the token occurs earlier")
+    engine.eos_token_ids = {eos}
+    ended = greedy(engine, PROMPTS[0], num_draft_tokens=4, max_new_tokens=30)
+    s = ended.stats
+    assert ended.finish_reason == "eos" and ended.token_ids == free.token_ids[:8]
+    assert (s.iterations, s.drafted, s.accepted, s.bonus_tokens, s.acceptance_tests) == (2, 8, 6, 1, 6), s.as_dict()
+    assert s.new_tokens == 8
 
 
-def test_stats_do_not_count_bonus_tokens_as_accepted(engines):
-    result = greedy(engines["gpt2"], PROMPTS[2], num_draft_tokens=3)
-    s = result.stats
-    assert s.accepted <= s.drafted
-    assert s.new_tokens == 1 + s.accepted + s.iterations  # prefill token + accepted + one per target call
-    assert s.target_calls == s.iterations + 1
-
-
-def _target_joint(engine, prompt_ids, sampling):
-    """Exact joint distribution of the first two generated tokens under target-only sampling."""
-    first = process_logits(engine.target.forward(engine.target.new_cache(), prompt_ids)[-1:], sampling)[0]
+def _target_joint(engine, prompt_ids, sampling, depth):
+    """Exact joint distribution of the first `depth` generated tokens under target-only sampling."""
     joint = {}
-    for t1 in np.flatnonzero(first):
-        second = process_logits(engine.target.forward(engine.target.new_cache(), prompt_ids + [int(t1)])[-1:],
-                                sampling)[0]
-        for t2 in np.flatnonzero(second):
-            joint[(int(t1), int(t2))] = first[t1] * second[t2]
+
+    def walk(prefix, mass):
+        probs = process_logits(engine.target.forward(engine.target.new_cache(), prompt_ids + prefix)[-1:],
+                               sampling)[0]
+        for token in np.flatnonzero(probs):
+            cell = prefix + [int(token)]
+            if len(cell) == depth:
+                joint[tuple(cell)] = mass * probs[token]
+            else:
+                walk(cell, mass * probs[token])
+
+    walk([], 1.0)
     return joint
 
 
-@pytest.mark.parametrize("drafter, settings, k", [
-    ("model", dict(temperature=1.3, top_k=6), 3),
-    ("model", dict(temperature=0.9, top_p=0.8), 3),
-    ("ngram", dict(temperature=1.5, top_k=5, top_p=0.95), 3),
-    # auto picks K from the n-gram match's situation before drafting: still only from the past
-    ("ngram", dict(temperature=1.5, top_k=5, top_p=0.95), "auto"),
-])
-def test_sampled_speculative_matches_target_distribution(tiny_near_draft_artifact, drafter, settings, k):
-    """Chi-square test of the first two tokens' joint distribution against the exact target one.
-
-    The second token is always produced by a verify step (drafts accepted, or the residual
-    sample, or the bonus), so the whole rejection path is under test with temperature,
-    top-k and top-p applied to both p and q. The draft is the target plus weight noise, so
-    p and q overlap by about half: a wrong residual or an unprocessed q shifts the output
-    distribution far past the test's bound.
-    """
-    engine = Engine.load(tiny_near_draft_artifact, provider="cpu")
-    prompt = "one, two, three, one, two, three, one, two,"
-    prompt_ids = engine.prompt_ids(prompt)
-    sampling = SamplingConfig(**settings)
-    exact = _target_joint(engine, prompt_ids, sampling)
-    runs = 4000
-    counts = Counter()
-    drafted = 0
-    for seed in range(runs):
-        # 4 new tokens: the prefill gives the 1st, then one verify call with K = 2 drafts.
-        # ngram_min=1: the 1st token must be enough of a suffix for the n-gram drafter to propose.
-        config = GenerationConfig(max_new_tokens=4, seed=seed, drafter=drafter, num_draft_tokens=k, ngram_min=1,
-                                  **settings)
-        result = engine.generate(prompt_ids, config)
-        drafted += result.stats.drafted
-        counts[tuple(result.token_ids[:2])] += 1
-    # The model drafter always drafts; the n-gram one only when the 1st token recurs in the prompt.
-    assert drafted >= runs // 5, "too few second tokens came through verification to test it"
-    assert set(counts) <= set(exact), "sampled a pair the target gives zero probability"
-    # Pool rare cells (expected < 5) so the chi-square approximation holds.
-    cells = sorted(exact, key=lambda c: -exact[c])
+def _chi_square(counts, exact, runs):
+    """Return (chi2, 0.001 critical value) of observed counts against exact cell probabilities."""
     observed, expected, pooled_o, pooled_e = [], [], 0.0, 0.0
-    for cell in cells:
+    for cell in sorted(exact, key=lambda c: -exact[c]):
         e = exact[cell] * runs
         if e >= 5:
             observed.append(counts[cell])
             expected.append(e)
-        else:
+        else:  # pool rare cells so the chi-square approximation holds
             pooled_o += counts[cell]
             pooled_e += e
     if pooled_e > 0:
@@ -138,14 +199,65 @@ def test_sampled_speculative_matches_target_distribution(tiny_near_draft_artifac
     dof = len(observed) - 1
     # Wilson-Hilferty approximation of the 0.001 upper quantile of chi-square(dof).
     z = 3.09
-    critical = dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
-    assert chi2 < critical, (chi2, critical, dof)
+    return chi2, dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
+
+
+@pytest.fixture(scope="module")
+def near_engine(tiny_near_draft_artifact):
+    return Engine.load(tiny_near_draft_artifact, provider="cpu", threads=1)  # 2.5x faster than 2 busy threads here
+
+
+@pytest.mark.parametrize("drafter, settings, k", [
+    ("model", dict(temperature=1.3, top_k=3), 2),
+    ("model", dict(temperature=0.8, top_k=4, top_p=0.7), 3),
+    ("ngram", dict(temperature=1.5, top_k=3, top_p=0.95), 2),
+    # auto picks K from the n-gram match's situation before drafting: still only from the past
+    ("ngram", dict(temperature=1.5, top_k=3, top_p=0.95), "auto"),
+])
+def test_sampled_speculative_matches_target_distribution(near_engine, drafter, settings, k):
+    """Chi-square test of the first four tokens' joint distribution against the exact target one.
+
+    The prefill gives token 1; tokens 2-4 come from verify calls with K >= 2: accepted drafts,
+    residual samples at later positions, and bonus tokens from the (K+1)-th row all land in
+    the checked joint, with temperature, top-k and top-p applied to p and q. The draft is
+    the target plus weight noise (p and q overlap by about half), and every run's stats
+    must satisfy the exact identities: each target call after the prefill is one bonus,
+    one rejection, or one plain step (nothing drafted), and commits its accepted drafts plus one.
+    """
+    engine = near_engine
+    prompt_ids = engine.prompt_ids("one, two, three, one, two, three, one, two,")
+    if drafter == "ngram":  # the target's greedy output repeats itself: the n-gram drafter copies from it
+        prompt_ids = engine.prompt_ids("Hello world!")
+        prompt_ids += greedy(engine, prompt_ids, drafter="none", max_new_tokens=40).token_ids
+    sampling = SamplingConfig(**settings)
+    exact = _target_joint(engine, prompt_ids, sampling, depth=4)
+    runs = 3000
+    counts, totals = Counter(), Counter()
+    for seed in range(runs):
+        # ngram_min=1: the 1st token must be enough of a suffix for the n-gram drafter to propose.
+        config = GenerationConfig(max_new_tokens=4, seed=seed, drafter=drafter, num_draft_tokens=k, ngram_min=1,
+                                  **settings)
+        result = engine.generate(prompt_ids, config)
+        s = result.stats
+        rejections = s.acceptance_tests - s.accepted
+        cut = int(result.finish_reason == "eos" and s.new_tokens == s.accepted + s.iterations)
+        assert s.new_tokens == 1 + s.accepted + s.iterations - cut, s.as_dict()
+        assert s.iterations == rejections + s.bonus_tokens + s.draft_lengths.get(0, 0) + cut, s.as_dict()
+        assert 0 <= s.accepted <= s.drafted
+        totals.update(accepted=s.accepted, rejections=rejections, bonus=s.bonus_tokens, drafted=s.drafted)
+        counts[tuple(result.token_ids[:4])] += 1
+    assert totals["accepted"] >= runs // 5 and totals["rejections"] >= runs // 10 and totals["bonus"] >= runs // 20, totals
+    assert set(counts) <= set(exact), "sampled a sequence the target gives zero probability"
+    chi2, critical = _chi_square(counts, exact, runs)
+    assert chi2 < critical, (chi2, critical, totals)
 
 
 def test_same_seed_same_output(engines):
     config = GenerationConfig(max_new_tokens=20, temperature=1.0, top_p=0.9, seed=11, num_draft_tokens=3)
-    a = engines["llama"].generate(PROMPTS[0], config)
-    b = engines["llama"].generate(PROMPTS[0], config)
-    c = engines["llama"].generate(PROMPTS[0], dataclasses.replace(config, seed=12))
+    engine = engines["llama"]
+    a = engine.generate(PROMPTS[0], config)
+    b = engine.generate(PROMPTS[0], config)
+    c = engine.generate(PROMPTS[0], dataclasses.replace(config, seed=12))
+    assert a.stats.accepted > 0 and a.stats.acceptance_tests > a.stats.accepted  # both paths consumed randomness
     assert a.token_ids == b.token_ids
     assert a.token_ids != c.token_ids
