@@ -6,6 +6,7 @@ Needs the `export` extra (torch, transformers). onnxruntime-genai lives in its o
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ class AnchorRun:
     token_ids: list[int]  # as the anchor returned them, even beyond max_new_tokens
     seconds: float  # wall time of generate(), prefill included
     max_new_tokens: int | None = None  # what was asked for (None: count every token)
+    prefill_seconds: float | None = None  # the prompt's call (time to first token); None: not measured
+    decode_seconds: float | None = None  # after the prefill to the last token; None: not measured
 
     @property
     def tokens_per_second(self) -> float:
@@ -32,6 +35,16 @@ class AnchorRun:
         counted = len(self.token_ids) if self.max_new_tokens is None else min(len(self.token_ids),
                                                                                self.max_new_tokens)
         return counted / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        """Return tokens after the first over the time after the prefill, as specdec's decode tokens/s
+        (at most max_new_tokens counted); None when the anchor did not time its phases."""
+        if not self.decode_seconds:
+            return None
+        counted = len(self.token_ids) if self.max_new_tokens is None else min(len(self.token_ids),
+                                                                               self.max_new_tokens)
+        return (counted - 1) / self.decode_seconds
 
 
 EQUAL, PAST_MAX_NEW_TOKENS, DIFFERS = "equal", "past max_new_tokens", "differs"
@@ -70,12 +83,12 @@ def greedy_agreement(reference: Sequence[int], anchor: Sequence[int], max_new_to
 
 
 def load_torch_model(source: str, threads: int | None = None):
-    """Return a transformers model (fp32, eval) for a GGUF file or local folder."""
+    """Return a transformers model (fp32, eval) for a GGUF file or local folder; torch then runs on
+    `threads` intra-op threads (None: every core, as specdec's sessions)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads or os.cpu_count() or 1)
     path = Path(source)
     if source.lower().endswith(".gguf"):
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype="float32")

@@ -7,16 +7,60 @@ Set up by `make anchors-genai`:
   3. `fix-tokenizer` replaces the GGUF-derived tokenizer decoder, which genai misreads as
      SentencePiece-style (spaces would encode as -1), with a plain ByteLevel decoder.
 `specdec bench --genai-python .venv-genai/bin/python --genai-model DIR` then runs
-`worker` below in that venv on the same prompt ids as specdec.
+`worker` below in that venv on the same prompt ids as specdec, on a copy of DIR whose
+genai_config.json carries specdec's session settings (`session_options`): genai's builder
+writes none, and genai's own default thread count ran this model at about half speed on
+a 2-core machine (24 against 45 tok/s).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
+
+
+def session_options(threads: int, spin: bool = True) -> dict:
+    """Return the genai `session_options` matching what specdec's target session runs with.
+
+    specdec sets the intra-op thread count and spinning (on for a lone target, off where
+    sessions take turns) and keeps onnxruntime's defaults otherwise (memory arena and
+    patterns on, ORT_ENABLE_ALL), written out here so that neither side depends on a
+    default the other does not share.
+    """
+    return {"intra_op_num_threads": threads, "inter_op_num_threads": 1, "enable_cpu_mem_arena": True,
+            "enable_mem_pattern": True, "graph_optimization_level": "ORT_ENABLE_ALL",
+            "session.intra_op.allow_spinning": "1" if spin else "0"}
+
+
+def configured_model(model_dir: Path, options: dict, folder: Path) -> Path:
+    """Return `folder`, now a view of `model_dir` (symbolic links) whose genai_config.json has `options`
+    under model.decoder.session_options; the builder's folder is left as it is."""
+    source = Path(model_dir).resolve()
+    for item in source.iterdir():
+        if item.name != "genai_config.json":
+            (folder / item.name).symlink_to(item)
+    config = json.loads((source / "genai_config.json").read_text(encoding="utf-8"))
+    config["model"]["decoder"].setdefault("session_options", {}).update(options)
+    (folder / "genai_config.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
+    return folder
+
+
+def _run_worker(python: Path, model_dir: Path, options: dict, command: str, job: dict, failure: str) -> str:
+    """Run this file's `command` in the genai venv on a copy of `model_dir` with session `options`; return its stdout."""
+    from specdec.models.errors import SpecdecError  # imported here: the worker runs without specdec
+
+    with tempfile.TemporaryDirectory(prefix="specdec-genai-") as scratch:
+        job = {**job, "model": str(configured_model(Path(model_dir), options, Path(scratch)))}
+        completed = subprocess.run([str(python), __file__, command], input=json.dumps(job), capture_output=True,
+                                   text=True, timeout=3600)
+    if completed.returncode != 0:
+        raise SpecdecError(f"{failure}: {completed.stderr.strip().splitlines()[-1:]}")
+    return completed.stdout
 
 
 def save_hf(gguf: str, out: str) -> None:
@@ -65,13 +109,16 @@ def worker() -> None:
                     params.set_speculative_options(**speculative)
                 start = time.perf_counter()
                 generator = og.Generator(model, params)
-                generator.append_tokens(ids)
+                prefill_start = time.perf_counter()
+                generator.append_tokens(ids)  # the prefill: logits for the first new token
+                decode_start = time.perf_counter()
                 while not generator.is_done():
                     generator.generate_next_token()
-                seconds = time.perf_counter() - start
+                end = time.perf_counter()
                 tokens = list(generator.get_sequence(0))[len(ids):]
                 runs.append({"system": system, "prompt_id": prompt_id, "token_ids": [int(t) for t in tokens],
-                             "seconds": seconds})
+                             "seconds": end - start, "prefill_seconds": decode_start - prefill_start,
+                             "decode_seconds": end - decode_start})
     json.dump(runs, sys.stdout)
 
 
@@ -103,34 +150,28 @@ def steps_worker() -> None:
 
 
 def genai_step_times(python: Path, model_dir: Path, tokens: list[int], past_lengths, new_tokens,
-                     repeats: int) -> dict[tuple[str, int, int], float]:
-    """Return {("onnxruntime-genai", past, n): median seconds} measured in the genai venv."""
-    from specdec.models.errors import SpecdecError
-
-    job = {"model": str(model_dir), "tokens": tokens, "past_lengths": list(past_lengths),
-           "new_tokens": list(new_tokens), "repeats": repeats}
-    completed = subprocess.run([str(python), __file__, "steps"], input=json.dumps(job), capture_output=True,
-                               text=True, timeout=3600)
-    if completed.returncode != 0:
-        raise SpecdecError(f"onnxruntime-genai step timing failed: {completed.stderr.strip().splitlines()[-1:]}")
-    return {("onnxruntime-genai", r["past"], r["n"]): r["seconds"] for r in json.loads(completed.stdout)}
+                     repeats: int, options: dict) -> dict[tuple[str, int, int], float]:
+    """Return {("onnxruntime-genai", past, n): median seconds} measured in the genai venv with session `options`."""
+    job = {"tokens": tokens, "past_lengths": list(past_lengths), "new_tokens": list(new_tokens), "repeats": repeats}
+    out = _run_worker(python, model_dir, options, "steps", job, "onnxruntime-genai step timing failed")
+    return {("onnxruntime-genai", r["past"], r["n"]): r["seconds"] for r in json.loads(out)}
 
 
 def run_genai(python: Path, model_dir: Path | None, prompt_ids: dict[str, list[int]], max_new_tokens: int,
-              progress: Callable[[str], None] = lambda message: None, repeats: int = 1) -> list:
-    """Return AnchorRuns from onnxruntime-genai, run by `python` (a venv with onnxruntime-genai)."""
+              progress: Callable[[str], None] = lambda message: None, repeats: int = 1,
+              options: dict | None = None) -> list:
+    """Return AnchorRuns from onnxruntime-genai, run by `python` (a venv with onnxruntime-genai), its
+    session set up with `options` (genai session_options; None: `session_options` on every core)."""
     from specdec.bench.anchors import AnchorRun
-    from specdec.models.errors import SpecdecError  # imported here: the worker runs without specdec
+    from specdec.models.errors import SpecdecError
 
     if model_dir is None or not Path(model_dir, "genai_config.json").is_file():
         raise SpecdecError("--genai-python needs --genai-model, a folder made by genai's builder (make anchors-genai)")
     progress(f"onnxruntime-genai anchor: {model_dir}")
-    job = {"model": str(model_dir), "prompts": prompt_ids, "max_new_tokens": max_new_tokens, "repeats": repeats}
-    completed = subprocess.run([str(python), __file__, "worker"], input=json.dumps(job), capture_output=True,
-                               text=True, timeout=3600)
-    if completed.returncode != 0:
-        raise SpecdecError(f"onnxruntime-genai anchor failed: {completed.stderr.strip().splitlines()[-1:]}")
-    return [AnchorRun(**run, max_new_tokens=max_new_tokens) for run in json.loads(completed.stdout)]
+    job = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "repeats": repeats}
+    out = _run_worker(python, Path(model_dir), options or session_options(os.cpu_count() or 1), "worker", job,
+                      "onnxruntime-genai anchor failed")
+    return [AnchorRun(**run, max_new_tokens=max_new_tokens) for run in json.loads(out)]
 
 
 if __name__ == "__main__":

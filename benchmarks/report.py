@@ -26,6 +26,11 @@ def _goal_ratio(x: float) -> str:
     return f"{math.floor(x * 100 + 1e-9) / 100:.2f}x"
 
 
+def _ceil_ratio(x: float) -> str:
+    """Return x as "0.81x", rounded up: for an at-most goal, a figure never reads as met when it is not."""
+    return f"{math.ceil(x * 100 - 1e-9) / 100:.2f}x"
+
+
 def _prompt_set_name(meta: dict) -> str:
     """Return "v1" for the shipped, versioned prompt set, else the prompt file's name."""
     if meta.get("prompt_set_version") is not None:
@@ -47,8 +52,70 @@ def _auto_table_origin(meta: dict) -> str:
     return ""
 
 
+TTFT_GOAL_MIN_PROMPT = 200  # prompt tokens from which time to first token is held to the goal below
+TTFT_GOAL = 0.8  # specdec's time to first token over genai's, at most
+DECODE_GOAL = 1.05  # specdec target-only decode tokens/s over genai greedy's (geometric mean), at least
+
+
+def target_vs_genai_rows(specdec: dict[str, list[tuple[float, float]]], anchor_runs: Sequence,
+                         prompt_tokens: dict[str, int]) -> list[dict]:
+    """Return per prompt: specdec target-only against onnxruntime-genai greedy, decode tokens/s and
+    time to first token (medians over repeats on each side), and their ratios.
+
+    specdec maps a prompt id to its target-only runs' (decode tokens/s, prefill seconds);
+    [] when genai did not run or did not time its phases.
+    """
+    out = []
+    for prompt_id, pairs in specdec.items():
+        genai = [r for r in anchor_runs if r.system == "onnxruntime-genai greedy" and r.prompt_id == prompt_id
+                 and r.decode_tokens_per_second is not None]
+        if not genai or not pairs:
+            continue
+        decode = statistics.median(p[0] for p in pairs)
+        ttft = statistics.median(p[1] for p in pairs)
+        genai_decode = statistics.median(r.decode_tokens_per_second for r in genai)
+        genai_ttft = statistics.median(r.prefill_seconds for r in genai)
+        out.append({"prompt": prompt_id, "prompt_tokens": prompt_tokens[prompt_id],
+                    "decode_tokens_per_second": decode, "genai_decode_tokens_per_second": genai_decode,
+                    "decode_ratio": decode / genai_decode, "ttft_seconds": ttft, "genai_ttft_seconds": genai_ttft,
+                    "ttft_ratio": ttft / genai_ttft, "runs": (len(pairs), len(genai))})
+    return out
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """Return the geometric mean of positive `values` (0.0 for none)."""
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
+
+
+def target_vs_genai_section(rows: Sequence[dict]) -> list[str]:
+    """Return Markdown lines for specdec target-only against genai greedy, prompt by prompt ([] without genai)."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Target-only against onnxruntime-genai greedy, prompt by prompt",
+        "",
+        "The same greedy decoding of the same model on both sides, at the same thread count (header). Decode "
+        "tokens/s: tokens after the first over the time after the prefill; time to first token: the prefill "
+        "call (genai: `append_tokens` of the prompt). Medians over the repeats, genai's run right after each "
+        "specdec repeat.",
+        "",
+        "| prompt | prompt tokens | specdec decode tok/s | genai decode tok/s | specdec / genai | "
+        "specdec TTFT (ms) | genai TTFT (ms) | specdec / genai |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['prompt']} | {r['prompt_tokens']} | {r['decode_tokens_per_second']:.1f} | "
+                     f"{r['genai_decode_tokens_per_second']:.1f} | {r['decode_ratio']:.2f}x | "
+                     f"{r['ttft_seconds'] * 1e3:.0f} | {r['genai_ttft_seconds'] * 1e3:.0f} | {r['ttft_ratio']:.2f}x |")
+    lines.append(f"| geometric mean | | | | {geometric_mean([r['decode_ratio'] for r in rows]):.2f}x | | | "
+                 f"{geometric_mean([r['ttft_ratio'] for r in rows]):.2f}x |")
+    return lines
+
+
 def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], anchors: Sequence[dict],
-                    replays: Sequence[dict] = (), situations: Sequence[dict] = ()) -> str:
+                    replays: Sequence[dict] = (), situations: Sequence[dict] = (),
+                    head_to_head: Sequence[dict] = ()) -> str:
     """Return the whole report as Markdown."""
     lines = [
         "# specdec benchmark results",
@@ -61,6 +128,7 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
         f"greedy, max_new_tokens {meta['max_new_tokens']}, {meta['repeats']} repeats, configurations alternate "
         "within each prompt and repeat; figures are medians over repeats",
         f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
+        *[f"- settings, {system}: {text}" for system, text in meta.get("settings", {}).items()],
         "- target step times (1/5/8 new tokens at past 64/256/1024, specdec vs plain optimum vs "
         "onnxruntime-genai graphs): [STEPS.md](STEPS.md), written by `make bench`",
         "",
@@ -73,7 +141,7 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
         f"{meta['verify_cost']:.3f}). "
         + _auto_table_origin(meta),
         "",
-        *goals_section(groups, rows, anchors, replays),
+        *goals_section(groups, rows, anchors, replays, head_to_head),
         "## By prompt group",
         "",
         "| group | configuration | decode tok/s | speedup | theory (paper) | measured / theory | "
@@ -101,6 +169,7 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
             f"{_pct(r['other_share'])} | {r['theoretical_speedup']:.2f}x / {r['theoretical_speedup_verify']:.2f}x | "
             f"{'yes' if r['greedy_equal'] else 'NO'} |"
         )
+    lines += target_vs_genai_section(head_to_head)
     lines += replay_section(meta, replays)
     lines += situation_section(situations)
     if anchors:
@@ -260,17 +329,22 @@ def situation_section(situations: Sequence[dict]) -> list[str]:
 
 
 def goals_section(groups: Sequence[dict], rows: Sequence[dict], anchors: Sequence[dict],
-                  replays: Sequence[dict] = ()) -> list[str]:
+                  replays: Sequence[dict] = (), head_to_head: Sequence[dict] = ()) -> list[str]:
     """Return Markdown lines checking the project's stated goals against this run's figures."""
     lines = ["## Goals, checked on this run", "", "| goal | group | figure | met |", "|---|---|---|---|"]
 
     def add(goal: str, group: str, figure: str, met: bool) -> None:
         lines.append(f"| {goal} | {group} | {figure} | {'yes' if met else 'no'} |")
 
-    for a in anchors:
-        if a["system"] == "onnxruntime-genai greedy":
-            add("specdec target-only >= 0.9x onnxruntime-genai greedy", a["group"], _goal_ratio(a["ratio"]),
-                a["ratio"] >= 0.9)
+    if head_to_head:
+        decode = geometric_mean([r["decode_ratio"] for r in head_to_head])
+        add(f"specdec target-only decode tokens/s >= {DECODE_GOAL}x onnxruntime-genai greedy (geometric mean, equal "
+            "threads)", "all", _goal_ratio(decode), decode >= DECODE_GOAL)
+    for r in head_to_head:
+        if r["prompt_tokens"] >= TTFT_GOAL_MIN_PROMPT:
+            add(f"time to first token <= {TTFT_GOAL}x onnxruntime-genai's (prompts of {TTFT_GOAL_MIN_PROMPT}+ "
+                "tokens)", f"{r['prompt']} ({r['prompt_tokens']} tokens)", _ceil_ratio(r["ttft_ratio"]),
+                r["ttft_ratio"] <= TTFT_GOAL)
     for a in anchors:
         if a["system"] == "transformers prompt-lookup":
             add("specdec n-gram >= 2x transformers prompt lookup", a["group"], _goal_ratio(a["ratio"]), a["ratio"] >= 2.0)

@@ -63,7 +63,8 @@ def _versions() -> dict[str, str]:
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="onnxruntime execution provider.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Threads for onnxruntime and torch (default: all cores).")
+              help="Threads for specdec's sessions and every anchor: onnxruntime, onnxruntime-genai and torch "
+                   "(default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the Markdown table.")
 @click.option("--no-plot", is_flag=True, help="Write no PNG.")
 @click.option("--steps", is_flag=True,
@@ -74,12 +75,13 @@ def _versions() -> dict[str, str]:
 def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anchors, genai_python, genai_model,
           output, results, provider, threads, as_json, no_plot, steps, compare) -> None:
     """Benchmark target-only and every drafter (fixed K and auto) on a prompt set, plus the anchors."""
+    threads = threads or os.cpu_count() or 1  # one count for every system, printed in the report
     if steps:
         _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider, threads, results, as_json)
         return
     from specdec.bench import PROMPT_SET_VERSION, PROMPTS_FILE
     from specdec.bench.device_check import top2_logit_gap
-    from specdec.bench.report import anchor_rows, markdown_report
+    from specdec.bench.report import anchor_rows, markdown_report, target_vs_genai_rows
     from specdec.bench.replay import CostModel
     from specdec.bench.runner import (BASELINE, call_costs_of_runs, configurations, group_summary, replay_rows,
                                       rollback_cost, run_bench, situation_rows, summarize)
@@ -94,13 +96,16 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     configs = configurations(engine, k)
     prompt_ids = {case.id: engine.prompt_ids(case.prompt, case.chat) for case in prompts}
     runs, anchor_runs = [], []
+    from specdec.bench.genai_anchor import session_options
+    genai_options = session_options(threads)
     # Repeats alternate specdec and onnxruntime-genai, so both see the same machine state.
     for repeat in range(repeats):
         runs += run_bench(engine, prompts, configs, max_new_tokens, 1, progress, first_repeat=repeat)
         if genai_python:
             from specdec.bench.genai_anchor import run_genai
 
-            anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress)
+            anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress,
+                                     options=genai_options)
     ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
     # What a call over n tokens costs, from the speculative runs' own target calls (1-token
     # calls where nothing matched, up to K+1 where something did; auto's reach further), each
@@ -116,6 +121,10 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     situations = situation_rows(runs)
 
     anchor_table: list[dict] = []
+    head_to_head = target_vs_genai_rows(
+        {case.id: [(r.stats.decode_tokens_per_second, r.stats.prefill_seconds) for r in runs
+                   if r.config.name == BASELINE and r.prompt.id == case.id] for case in prompts},
+        anchor_runs, {pid: len(ids) for pid, ids in prompt_ids.items()})
     eos = sorted(engine.eos_token_ids)
     if anchors:  # PyTorch is slow here: one repeat
         anchor_runs += _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress)
@@ -153,13 +162,14 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         "calibration_seconds": engine.calibration_seconds,
         "call_costs_source": engine.call_costs_source,
         "versions": _versions(),
+        "settings": _settings(engine, threads, genai_options if genai_python else None, anchors),
     }
     document = {"meta": meta, "groups": groups, "rows": rows, "replay": replays, "situations": situations,
-                "anchors": anchor_table,
+                "anchors": anchor_table, "target_vs_genai": head_to_head,
                 "anchor_runs": [{**a.__dict__, "tokens_per_second": a.tokens_per_second} for a in anchor_runs]}
     output.mkdir(parents=True, exist_ok=True)
     (output / "bench.json").write_text(json.dumps(document, indent=2) + "\n")
-    markdown = markdown_report(meta, groups, rows, anchor_table, replays, situations)
+    markdown = markdown_report(meta, groups, rows, anchor_table, replays, situations, head_to_head)
     if not no_plot:
         from specdec.cli.plots import plot_bench
 
@@ -174,6 +184,21 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     click.echo(json.dumps(document, indent=2) if as_json else markdown)
     progress(f"wrote {output / 'bench.json'}" + ("" if no_plot else f", {output / 'bench.png'}")
              + (f", {results}" if results else ""))
+
+
+def _settings(engine, threads: int, genai_options: dict | None, transformers: bool) -> dict[str, str]:
+    """Return per system the settings that decide its speed, as the report's header prints them."""
+    session = engine.target.session.get_session_options()
+    out = {"specdec": f"onnxruntime {engine.provider}: intra_op_num_threads {session.intra_op_num_threads}, "
+                      f"inter_op_num_threads {session.inter_op_num_threads or 1}, spinning on (the target; a draft "
+                      f"model's session off), {str(session.graph_optimization_level).split('.')[-1]}, "
+                      f"memory arena {'on' if session.enable_cpu_mem_arena else 'off'}, memory pattern "
+                      f"{'on' if session.enable_mem_pattern else 'off'}"}
+    if genai_options is not None:
+        out["onnxruntime-genai"] = "genai_config.json model.decoder.session_options " + json.dumps(genai_options)
+    if transformers:
+        out["transformers"] = f"torch.set_num_threads({threads}), fp32, eager"
+    return out
 
 
 def _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress) -> list:
@@ -206,6 +231,8 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
     # The graphs take turns call by call: without spin=False, one's busy-waiting threads slow the next.
     sessions = {name: ModelSession(path, load_manifest(path).target, provider, threads, spin=False)
                 for name, path in named}
+    from specdec.bench.genai_anchor import session_options
+    genai_options = session_options(threads, spin=False)
     repeats = max(repeats, 9)
     medians = time_steps(sessions, repeats=repeats, progress=progress)
     if genai_python:
@@ -213,7 +240,8 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
 
         progress("onnxruntime-genai step times")
         tokens = np.random.default_rng(0).integers(100, 40000, size=max(PAST_LENGTHS) + max(NEW_TOKENS)).tolist()
-        medians.update(genai_step_times(genai_python, genai_model, tokens, PAST_LENGTHS, NEW_TOKENS, repeats))
+        medians.update(genai_step_times(genai_python, genai_model, tokens, PAST_LENGTHS, NEW_TOKENS, repeats,
+                                        genai_options))
     table = steps_table(medians)
     if as_json:
         click.echo(json.dumps([{"graph": g, "past": p, "new_tokens": n, "seconds": t}
@@ -223,8 +251,9 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
     if results:
         header = (f"# Target step times\n\n- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}\n"
                   f"- machine: {_machine()}\n- command: `{' '.join(['specdec'] + sys.argv[1:])}`\n"
-                  f"- {repeats} alternating repetitions per cell, medians; specdec sessions without thread "
-                  "spinning (they take turns); onnxruntime-genai in its own process, its defaults; graphs: "
+                  f"- {repeats} alternating repetitions per cell, medians; specdec sessions: {threads} intra-op "
+                  "threads, without thread spinning (they take turns); onnxruntime-genai in its own process, after "
+                  f"them, genai_config session_options {json.dumps(genai_options)}; graphs: "
                   + ", ".join(f"{n} = {p}" for n, p in named) + (", onnxruntime-genai = its builder's graph"
                                                                    if genai_python else "") + "\n\n")
         results.write_text(header + table + "\n")

@@ -1,4 +1,11 @@
-from specdec.bench.report import _prompt_set_name, goals_section
+import json
+
+import pytest
+
+from specdec.bench.anchors import AnchorRun
+from specdec.bench.genai_anchor import configured_model, session_options
+from specdec.bench.report import (_prompt_set_name, geometric_mean, goals_section, target_vs_genai_rows,
+                                  target_vs_genai_section)
 
 
 def _group(group, config, speedup, share):
@@ -9,17 +16,56 @@ def _group(group, config, speedup, share):
 def test_a_goal_figure_just_below_its_threshold_never_reads_as_met():
     groups = [_group("grounded", "ngram auto", 1.9999, 0.8499), _group("grounded", "ngram K=4", 2.0, 0.85)]
     rows = [{"config": "ngram auto", "group": "open", "speedup": 0.94999, "prompt": "ideas"}]
-    anchors = [{"system": "onnxruntime-genai greedy", "group": "open", "ratio": 0.8999}]
-    text = "\n".join(goals_section(groups, rows, anchors))
+    head_to_head = [{"prompt": "a", "prompt_tokens": 300, "decode_ratio": 1.0499, "ttft_ratio": 0.8001},
+                    {"prompt": "b", "prompt_tokens": 250, "decode_ratio": 1.0499, "ttft_ratio": 0.8},
+                    {"prompt": "c", "prompt_tokens": 40, "decode_ratio": 1.0499, "ttft_ratio": 2.0}]
+    text = "\n".join(goals_section(groups, rows, [], head_to_head=head_to_head))
     assert "| grounded | 84.9% / 84.9% | no / no |" in text
     assert "| grounded | 85.0% / 85.0% | yes / yes |" in text
     assert "| grounded | 1.99x | no |" in text and "| grounded | 2.00x | yes |" in text
     assert "| open | min 0.94x (ideas) | no |" in text
-    assert "| open | 0.89x | no |" in text
+    assert "| all | 1.04x | no |" in text
+    # an at-most goal rounds up: 0.8001 reads 0.81x, not met; exactly 0.8 is met; short prompts are not held to it
+    assert "| a (300 tokens) | 0.81x | no |" in text and "| b (250 tokens) | 0.80x | yes |" in text
+    assert "c (40 tokens)" not in text
     # Float error must not round an exact figure down: 0.29 * 100 is 28.999999999999996.
-    exact = goals_section([_group("open", "ngram K=4", 1.0, 0.29)], [], [{"system": "onnxruntime-genai greedy",
-                                                                        "group": "open", "ratio": 0.29}])
-    assert "| open | 29.0% / 29.0% |" in "\n".join(exact) and "| open | 0.29x | no |" in "\n".join(exact)
+    exact = goals_section([_group("open", "ngram K=4", 1.0, 0.29)], [], [])
+    assert "| open | 29.0% / 29.0% |" in "\n".join(exact)
+
+
+def test_target_vs_genai_pairs_medians_per_prompt():
+    genai = [AnchorRun("onnxruntime-genai greedy", "p", [1] * 11, 2.0, 10, prefill_seconds=0.5, decode_seconds=1.0),
+             AnchorRun("onnxruntime-genai greedy", "p", [1] * 11, 2.0, 10, prefill_seconds=0.3, decode_seconds=0.5),
+             AnchorRun("onnxruntime-genai greedy", "p", [1] * 11, 2.0, 10, prefill_seconds=0.4, decode_seconds=0.9),
+             AnchorRun("onnxruntime-genai ngram", "p", [1] * 11, 1.0, 10, prefill_seconds=0.1, decode_seconds=0.1),
+             AnchorRun("onnxruntime-genai greedy", "q", [1] * 5, 1.0, 10)]  # phases not timed: left out
+    # 10 tokens counted (max_new_tokens), 9 after the first: 9 / 0.9 s is the median of 9, 18 and 10
+    assert genai[2].decode_tokens_per_second == pytest.approx(10.0) and genai[4].decode_tokens_per_second is None
+    rows = target_vs_genai_rows({"p": [(12.0, 0.2), (11.0, 0.3), (13.0, 0.25)], "q": [(5.0, 0.1)]}, genai,
+                                {"p": 300, "q": 20})
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["decode_ratio"] == pytest.approx(12.0 / 10.0) and row["ttft_ratio"] == pytest.approx(0.25 / 0.4)
+    text = "\n".join(target_vs_genai_section(rows))
+    assert "| p | 300 | 12.0 | 10.0 | 1.20x | 250 | 400 | 0.62x |" in text
+    assert geometric_mean([2.0, 0.5]) == pytest.approx(1.0)
+
+
+def test_genai_runs_on_a_copy_with_specdecs_session_options(tmp_path):
+    builder = tmp_path / "builder"
+    builder.mkdir()
+    config = {"model": {"decoder": {"session_options": {"log_id": "x", "provider_options": []},
+                                    "filename": "model.onnx"}}}
+    (builder / "genai_config.json").write_text(json.dumps(config))
+    (builder / "model.onnx").write_bytes(b"graph")
+    view = tmp_path / "view"
+    view.mkdir()
+    configured_model(builder, session_options(2, spin=False), view)
+    options = json.loads((view / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+    assert options["intra_op_num_threads"] == 2 and options["session.intra_op.allow_spinning"] == "0"
+    assert options["log_id"] == "x" and options["graph_optimization_level"] == "ORT_ENABLE_ALL"
+    assert (view / "model.onnx").read_bytes() == b"graph"
+    assert json.loads((builder / "genai_config.json").read_text()) == config  # the builder's folder is untouched
 
 
 def test_prompt_set_name():
