@@ -8,7 +8,8 @@ from typing import Callable, Sequence
 
 from specdec.bench.replay import CostModel, replay_ngram
 from specdec.runtime.call_costs import non_decreasing, verify_cost_from_calls
-from specdec.runtime.engine import NGRAM_MIN_AUTO, NGRAM_MIN_FIXED_K, Engine, GenerationConfig
+from specdec.runtime.config import NGRAM_MIN_AUTO, NGRAM_MIN_FIXED_K, GenerationConfig
+from specdec.runtime.engine import Engine
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats, situation_alpha
 

@@ -15,6 +15,7 @@ import click
 import numpy as np
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
+from specdec.runtime.config import PROVIDER_CHOICES
 
 
 def _machine() -> str:
@@ -60,7 +61,7 @@ def _versions() -> dict[str, str]:
               help="Folder for bench.json and bench.png.")
 @click.option("--results", type=click.Path(path_type=Path), default=None,
               help="Also write the Markdown report to this file (e.g. benchmarks/RESULTS.md).")
-@click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+@click.option("--provider", type=click.Choice(PROVIDER_CHOICES), default="auto", show_default=True,
               help="onnxruntime execution provider.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads for specdec's sessions and every anchor: onnxruntime, onnxruntime-genai and torch "
@@ -86,7 +87,8 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     from specdec.bench.runner import (BASELINE, call_costs_of_runs, configurations, group_summary, replay_rows,
                                       rollback_cost, run_bench, situation_rows, summarize)
     from specdec.models.manifest import sha256_of_file
-    from specdec.runtime.engine import DEFAULT_DRAFT_TOKENS, Engine
+    from specdec.runtime.config import DEFAULT_DRAFT_TOKENS
+    from specdec.runtime.engine import Engine
     from specdec.runtime.prompts import load_prompts
     progress = elapsed_progress()
     prompt_path = prompts_file or PROMPTS_FILE

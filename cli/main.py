@@ -9,6 +9,9 @@ from pathlib import Path
 import click
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
+from specdec.runtime.config import DRAFTER_CHOICES, MAX_DRAFT_TOKENS, PROVIDER_CHOICES, GenerationConfig
+
+DEFAULTS = GenerationConfig()  # flag defaults are the library's
 
 
 def _draft_tokens(value: str | None) -> int | str | None:
@@ -144,27 +147,34 @@ def inspect(artifact, as_json, no_verify) -> None:
 @main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.argument("prompt")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Stop after this many new tokens.")
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy; > 0 samples.")
-@click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k most likely tokens (0: off).")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass in (0, 1] (1: off).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed: same seed, same output.")
+@click.option("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens, show_default=True,
+              help="Stop after this many new tokens.")
+@click.option("--temperature", type=float, default=DEFAULTS.temperature, show_default=True,
+              help="0 is greedy; > 0 samples.")
+@click.option("--top-k", type=int, default=DEFAULTS.top_k, show_default=True,
+              help="Keep the k most likely tokens (0: off).")
+@click.option("--top-p", type=float, default=DEFAULTS.top_p, show_default=True,
+              help="Nucleus sampling mass in (0, 1] (1: off).")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True,
+              help="Random seed: same seed, same output.")
 @click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto",
               help="Tokens drafted per target call, or 'auto' to choose each iteration "
                    "(default: the artifact's tuned K, else 4).")
-@click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default="auto", show_default=True,
-              help="auto: the artifact's draft model if it has one, else prompt lookup (n-gram).")
+@click.option("--drafter", type=click.Choice(DRAFTER_CHOICES), default=DEFAULTS.drafter, show_default=True,
+              help="auto: what `specdec tune` stored, else the artifact's draft model if it has one, "
+                   "else prompt lookup (n-gram).")
 @click.option("--no-draft", is_flag=True, help="Plain target-only decoding (same as --drafter none).")
-@click.option("--max-draft-tokens-auto", type=int, default=16, show_default=True,
-              help="Cap on K under '-k auto' (1..32; auto times target calls up to cap + 1 tokens once).")
+@click.option("--max-draft-tokens-auto", type=int, default=DEFAULTS.max_draft_tokens_auto, show_default=True,
+              help=f"Cap on K under '-k auto' (1..{MAX_DRAFT_TOKENS}; auto times target calls up to cap + 1 "
+                   "tokens once).")
 @click.option("--ngram-min", type=int, default=None,
               help="n-gram drafter: shortest context suffix to look up (1 also drafts after single-token matches; "
                    "default: 1 under '-k auto', which learns whether they pay, else 2).")
-@click.option("--ngram-max", type=int, default=4, show_default=True,
+@click.option("--ngram-max", type=int, default=DEFAULTS.ngram_max, show_default=True,
               help="n-gram drafter: longest context suffix to look up (longer matches are tried first).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template as a user message.")
 @click.option("--stop", "stop_strings", multiple=True, metavar="TEXT", help="Stop when this text appears (repeatable).")
-@click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+@click.option("--provider", type=click.Choice(PROVIDER_CHOICES), default="auto", show_default=True,
               help="onnxruntime execution provider; auto uses CUDA when onnxruntime-gpu can load it.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="onnxruntime intra-op threads (default: all cores).")
@@ -175,7 +185,7 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
              no_draft, max_draft_tokens_auto, ngram_min, ngram_max, chat, stop_strings, provider, threads, verbose,
              as_json) -> None:
     """Generate a completion of PROMPT with the artifact in ARTIFACT, streaming the text."""
-    from specdec.runtime.engine import Engine, GenerationConfig
+    from specdec.runtime.engine import Engine
 
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
@@ -240,9 +250,11 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
               help="JSON-lines prompt set ({\"prompt\": ..., \"chat\": true}); default: two built-in prompts.")
-@click.option("--drafter", type=click.Choice(["auto", "model", "ngram"]), default="auto", show_default=True,
+@click.option("--drafter", type=click.Choice([c for c in DRAFTER_CHOICES if c != "none"]), default="auto",
+              show_default=True,
               help="Drafter to tune; auto: the draft model if the artifact has one, else n-gram.")
-@click.option("--max-k", type=click.IntRange(1, 32), default=16, show_default=True,
+@click.option("--max-k", type=click.IntRange(1, MAX_DRAFT_TOKENS), default=DEFAULTS.max_draft_tokens_auto,
+              show_default=True,
               help="Largest K to measure; also auto's cap while it is measured.")
 @click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True,
               help="Tokens generated per prompt and run.")
@@ -253,7 +265,7 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
               help="Where to write the PNG of expected vs measured speedup.")
 @click.option("--no-plot", is_flag=True, help="Write no PNG.")
 @click.option("--no-save", is_flag=True, help="Do not store the recommended K in the artifact.")
-@click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+@click.option("--provider", type=click.Choice(PROVIDER_CHOICES), default="auto", show_default=True,
               help="onnxruntime execution provider.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="onnxruntime intra-op threads (default: all cores).")

@@ -13,6 +13,7 @@ import numpy as np
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import Manifest, load_manifest
 from specdec.runtime.calibration import calibrate
+from specdec.runtime.config import DEFAULT_DRAFT_TOKENS, GenerationConfig
 from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
@@ -21,70 +22,6 @@ from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.session import ModelSession
 from specdec.runtime.stats import GenerationStats
 from specdec.runtime.text import StopStringFilter, TextCodec
-
-DRAFTER_CHOICES = ("auto", "model", "ngram", "none")
-DEFAULT_DRAFT_TOKENS = 4  # when neither the caller nor the artifact (`specdec tune`) says
-NGRAM_MIN_FIXED_K, NGRAM_MIN_AUTO = 2, 1  # GenerationConfig.ngram_min says why
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """One request's settings; every field has the CLI flag of the same name."""
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1: off
-    # Seeds this request's numpy Generator: same seed and K, same output. Under
-    # num_draft_tokens="auto" K follows measured timings, so sampled output can vary.
-    seed: int = 0
-    num_draft_tokens: int | str | None = None  # K, "auto", or None: the artifact's default
-    drafter: str = "auto"  # auto: the draft model if the artifact has one, else n-gram
-    # Cap on K under "auto". 16, not 8: copy runs in grounded prompts outlast 8 drafts, and
-    # auto's own cost table keeps K short where calls grow dear. Live on SmolLM2 (2-core CPU,
-    # 18 prompts, 2 alternating repeats) cap 16 over cap 8: geomean 1.019x, rewrite 1.13x,
-    # worst 0.976x; a replay of the same outputs over three measured t(n) curves: +1.6-4.1%.
-    max_draft_tokens_auto: int = 16
-    # n-gram drafter: shortest suffix to match; None picks by K. Under a fixed K, 2: single-
-    # token matches are mostly wrong guesses that cost verify time (SmolLM2, K=4, min 1 -> 2:
-    # summarize 1.10x -> 1.19x, story 1.12x -> 1.18x, rewrite and extract unchanged; 3 was
-    # worse). Under "auto", 1: auto learns alpha per situation, 1-token matches apart, so it
-    # drafts after them only while they pay (SmolLM2 live, 18 prompts, 3 alternating repeats,
-    # min 1 over min 2: geomean grounded 1.03x, open 1.01x; extract 1.10x; per prompt from
-    # 0.93x, rewrite, to 1.13x). A replay of the same outputs agreed: +3-5% grounded.
-    ngram_min: int | None = None
-    ngram_max: int = 4  # n-gram drafter: longest suffix to match
-    stop_strings: tuple[str, ...] = ()
-    chat: bool = False  # wrap the prompt in the artifact's chat template
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        """Return the sampling part of the config."""
-        return SamplingConfig(self.temperature, self.top_k, self.top_p)
-
-    def validate(self) -> None:
-        """Raise GenerationError for an out-of-range setting."""
-        self.sampling.validate()
-        if self.max_new_tokens < 1:
-            raise GenerationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        k = self.num_draft_tokens
-        if k is not None and k != "auto" and (not isinstance(k, int) or k < 1):
-            raise GenerationError(f"num_draft_tokens must be an integer >= 1 or 'auto', got {k!r}")
-        if not 1 <= self.max_draft_tokens_auto <= MAX_DRAFT_ROOM - 1:
-            raise GenerationError(f"max_draft_tokens_auto must be in 1..{MAX_DRAFT_ROOM - 1}, "
-                                  f"got {self.max_draft_tokens_auto}")
-        if self.drafter not in DRAFTER_CHOICES:
-            raise GenerationError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got '{self.drafter}'")
-        if self.ngram_max < 1 or (self.ngram_min is not None and not 1 <= self.ngram_min <= self.ngram_max):
-            raise GenerationError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
-
-    def ngram_min_for(self, adaptive: bool) -> int:
-        """Return the n-gram drafter's shortest suffix: ngram_min if set, else 1 under "auto" (adaptive) and 2
-        under a fixed K, at most ngram_max."""
-        if self.ngram_min is not None:
-            return self.ngram_min
-        return min(NGRAM_MIN_AUTO if adaptive else NGRAM_MIN_FIXED_K, self.ngram_max)
-
 
 @dataclass
 class GenerationResult:

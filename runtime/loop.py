@@ -20,13 +20,14 @@ import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.acceptance import Verdict, greedy_verify, rejection_sample
+from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.drafters import Drafter, Proposal
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.sampling import SamplingConfig, next_token, process_logits
 from specdec.runtime.session import ModelSession
 
 
-MAX_DRAFT_ROOM = 33  # K up to 32 (the CLI's cap), plus one
+MAX_DRAFT_ROOM = MAX_DRAFT_TOKENS + 1  # one verify call's tokens beyond the committed context
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,67 @@
+"""One request's settings, as a dataclass the CLI and the server map their flags onto."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.models.errors import GenerationError
+from specdec.models.manifest import DRAFTER_KINDS
+from specdec.runtime.sampling import SamplingConfig
+
+DRAFTER_CHOICES = ("auto",) + DRAFTER_KINDS  # auto: the artifact's tuned drafter, else its draft model, else n-gram
+PROVIDER_CHOICES = ("auto", "cuda", "cpu")  # auto: CUDA when onnxruntime-gpu can load it, else the CPU
+DEFAULT_DRAFT_TOKENS = 4  # when neither the caller nor the artifact (`specdec tune`) says
+MAX_DRAFT_TOKENS = 32  # the largest K a request may ask for (loop.MAX_DRAFT_ROOM leaves room for it)
+NGRAM_MIN_FIXED_K, NGRAM_MIN_AUTO = 2, 1  # GenerationConfig.ngram_min says why
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """One request's settings; every field has the CLI flag of the same name."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    # Seeds this request's numpy Generator: same seed and K, same output. Under
+    # num_draft_tokens="auto" K follows measured timings, so sampled output can vary.
+    seed: int = 0
+    num_draft_tokens: int | str | None = None  # K, "auto", or None: the artifact's default
+    drafter: str = "auto"  # auto: the draft model if the artifact has one, else n-gram
+    # Cap on K under "auto": copy runs in grounded prompts outlast 8 drafts (docs/DESIGN.md, "Defaults").
+    max_draft_tokens_auto: int = 16
+    # n-gram drafter: shortest suffix to match; None: 2 under a fixed K (1-token matches mostly
+    # miss), 1 under "auto", which learns whether they pay (docs/DESIGN.md, "Defaults").
+    ngram_min: int | None = None
+    ngram_max: int = 4  # n-gram drafter: longest suffix to match
+    stop_strings: tuple[str, ...] = ()
+    chat: bool = False  # wrap the prompt in the artifact's chat template
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """Return the sampling part of the config."""
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    def validate(self) -> None:
+        """Raise GenerationError for an out-of-range setting."""
+        self.sampling.validate()
+        if self.max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        k = self.num_draft_tokens
+        if k is not None and k != "auto" and (not isinstance(k, int) or isinstance(k, bool)
+                                              or not 1 <= k <= MAX_DRAFT_TOKENS):
+            raise GenerationError(f"num_draft_tokens must be an integer in 1..{MAX_DRAFT_TOKENS} or 'auto', got {k!r}")
+        if not 1 <= self.max_draft_tokens_auto <= MAX_DRAFT_TOKENS:
+            raise GenerationError(f"max_draft_tokens_auto must be in 1..{MAX_DRAFT_TOKENS}, "
+                                  f"got {self.max_draft_tokens_auto}")
+        if self.drafter not in DRAFTER_CHOICES:
+            raise GenerationError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got '{self.drafter}'")
+        if self.ngram_max < 1 or (self.ngram_min is not None and not 1 <= self.ngram_min <= self.ngram_max):
+            raise GenerationError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+    def ngram_min_for(self, adaptive: bool) -> int:
+        """Return the n-gram drafter's shortest suffix: ngram_min if set, else 1 under "auto" (adaptive) and 2
+        under a fixed K, at most ngram_max."""
+        if self.ngram_min is not None:
+            return self.ngram_min
+        return min(NGRAM_MIN_AUTO if adaptive else NGRAM_MIN_FIXED_K, self.ngram_max)
