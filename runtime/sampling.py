@@ -6,11 +6,16 @@ sampling is exact only when both are processed identically (temperature, top-k, 
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
 from specdec.models.errors import GenerationError
+
+
+MIN_TEMPERATURE = 1e-3  # logits / 1e-3 stays finite for any float32 logit; sharper is greedy in all but name
+MAX_TEMPERATURE = 100.0  # flatter than this is uniform noise, most likely a typo
 
 
 @dataclass(frozen=True)
@@ -27,9 +32,17 @@ class SamplingConfig:
         return self.temperature == 0.0
 
     def validate(self) -> None:
-        """Raise GenerationError if a setting is out of range."""
-        if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise GenerationError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        """Raise GenerationError if a setting has the wrong type or is out of range."""
+        for name, kind in (("temperature", "a number"), ("top_p", "a number"), ("top_k", "an integer")):
+            value = getattr(self, name)
+            ok = isinstance(value, numbers.Integral if kind == "an integer" else numbers.Real)
+            if not ok or isinstance(value, bool):
+                raise GenerationError(f"{name} must be {kind}, got {value!r}")
+        t = self.temperature
+        # Below MIN_TEMPERATURE logits / t overflows float64 (1e-310 gave NaN probabilities).
+        if not np.isfinite(t) or t < 0 or 0 < t < MIN_TEMPERATURE or t > MAX_TEMPERATURE:
+            raise GenerationError(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], "
+                                  f"got {t}")
         if not 0.0 < self.top_p <= 1.0:
             raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

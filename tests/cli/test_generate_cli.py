@@ -55,7 +55,7 @@ def test_first_auto_run_says_it_timed_the_calls_and_the_next_does_not(tiny_artif
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--temperature", "-0.5"], "temperature must be >= 0"),
+    (["--temperature", "-0.5"], "temperature must be 0 (greedy) or in"),
     (["--top-p", "0"], "top_p must be in (0, 1]"),
     (["--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["--top-k", "-1"], "top_k must be >= 0"),

@@ -56,74 +56,100 @@ def test_shape_checks():
         rejection_sample([1], np.ones((2, 3)) / 3, np.ones((2, 3)) / 3, rng)
 
 
-def _first_token_distribution(p, q, draws, rng, residual=residual_distribution):
-    """Empirical distribution of the first committed token when a draft x ~ q is verified against p."""
-    counts = np.zeros(p.shape[0])
-    for _ in range(draws):
-        x = int(rng.choice(len(q), p=q))
-        u = rng.random()
-        if u * q[x] < p[x]:
-            counts[x] += 1
-        else:
-            r = residual(p, q)
-            counts[int(rng.choice(len(r), p=r))] += 1
-    return counts / draws
+def _chi2_critical(dof):
+    """Return the 0.001 upper quantile of chi-square(dof) (Wilson-Hilferty approximation)."""
+    return dof * (1 - 2 / (9 * dof) + 3.09 * np.sqrt(2 / (9 * dof))) ** 3
+
+
+def _fits(counts, probs):
+    """Return (chi2, critical): goodness of fit of counts to probs over the cells with probs > 0."""
+    counts = np.asarray(counts, dtype=float)
+    assert counts[probs == 0].sum() == 0, "drew a token of probability 0"
+    n, cells = counts.sum(), probs > 0
+    chi2 = float((((counts[cells] - n * probs[cells]) ** 2) / (n * probs[cells])).sum())
+    return chi2, _chi2_critical(int(cells.sum()) - 1)
 
 
 def test_rejection_sampling_reproduces_target_distribution():
-    """Leviathan et al. Thm 3.5, statistically: the committed token is distributed as p.
-
-    Uses rejection_sample itself over 100k draws; the bound (TV < 0.01) would fail with the
-    classic bug of computing the residual as max(0, p - p), checked below.
-    """
+    """Leviathan et al. Thm 3.5, statistically: the committed token is distributed as p."""
     rng = np.random.default_rng(1234)
     vocab = 6
     p = rng.dirichlet(np.ones(vocab))
     q = rng.dirichlet(np.ones(vocab))
     target_probs = np.stack([p, p])
-    draws = 100_000
+    draws = 60_000
     counts = np.zeros(vocab)
-    drafts = rng.choice(vocab, size=draws, p=q)
-    for x in drafts:
+    rejected = 0
+    for x in rng.choice(vocab, size=draws, p=q):
         verdict = rejection_sample([int(x)], target_probs, q[None, :], rng)
         counts[verdict.committed([int(x)])[0]] += 1
-    empirical = counts / draws
-    tv = 0.5 * np.abs(empirical - p).sum()
-    assert tv < 0.01, (tv, empirical, p)
-    # Chi-square goodness of fit, 5 dof: 20.5 is the 0.001 critical value.
-    chi2 = float((((counts - draws * p) ** 2) / (draws * p)).sum())
-    assert chi2 < 20.5, chi2
-
-    # The same bound catches the target-minus-target bug (residual = norm(max(0, p - p)) = p):
-    buggy = _first_token_distribution(p, q, 20_000, np.random.default_rng(5),
-                                      residual=lambda p_, q_: residual_distribution(p_, p_))
-    assert 0.5 * np.abs(buggy - p).sum() > 0.01
+        rejected += verdict.num_accepted == 0
+    assert draws * 0.1 < rejected < draws * 0.9  # both paths taken
+    chi2, critical = _fits(counts, p)
+    assert chi2 < critical, (chi2, counts / draws, p)
 
 
 def test_rejection_sampling_later_positions_and_bonus():
-    """K=2: the second committed token, given the first was an accepted draft, follows p_2."""
+    """K=2: given d1 accepted, the 2nd token follows p2; given both accepted, the bonus follows p3.
+
+    q rows with zeros (as top-k leaves them) and p rows with zeros where q has mass.
+    """
     rng = np.random.default_rng(99)
     vocab = 5
     p1, p2, p3 = (rng.dirichlet(np.ones(vocab)) for _ in range(3))
     q1, q2 = (rng.dirichlet(np.ones(vocab)) for _ in range(2))
-    draws = 60_000
-    counts = np.zeros(vocab)
-    kept = 0
-    for _ in range(draws):
-        d1 = int(rng.choice(vocab, p=q1))
-        d2 = int(rng.choice(vocab, p=q2))
-        verdict = rejection_sample([d1, d2], np.stack([p1, p2, p3]), np.stack([q1, q2]), rng)
-        committed = verdict.committed([d1, d2])
+    p2[4] = 0.0
+    p2 /= p2.sum()
+    q1[0] = 0.0
+    q1 /= q1.sum()
+    target, draft = np.stack([p1, p2, p3]), np.stack([q1, q2])
+    first, second, bonus = np.zeros(vocab), np.zeros(vocab), np.zeros(vocab)
+    for _ in range(60_000):
+        drafts = [int(rng.choice(vocab, p=q1)), int(rng.choice(vocab, p=q2))]
+        verdict = rejection_sample(drafts, target, draft, rng)
+        committed = verdict.committed(drafts)
+        first[committed[0]] += 1
         if verdict.num_accepted >= 1:
-            counts[committed[1]] += 1
-            kept += 1
-    empirical = counts / kept
-    assert 0.5 * np.abs(empirical - p2).sum() < 0.02
+            second[committed[1]] += 1
+        if verdict.num_accepted == 2:
+            assert verdict.is_bonus and len(committed) == 3
+            bonus[committed[2]] += 1
+        else:
+            assert not verdict.is_bonus and len(committed) == verdict.num_accepted + 1
+    assert min(first.sum(), second.sum(), bonus.sum()) > 5_000, (first.sum(), second.sum(), bonus.sum())
+    for counts, probs in ((first, p1), (second, p2), (bonus, p3)):
+        chi2, critical = _fits(counts, probs)
+        assert chi2 < critical, (chi2, critical, counts / counts.sum(), probs)
+
+
+def test_one_hot_draft_is_accepted_with_probability_p_of_x():
+    """A deterministic drafter (q one-hot): accept x with probability exactly p(x), else sample p without x."""
+    rng = np.random.default_rng(7)
+    p = np.array([0.1, 0.45, 0.3, 0.15])
+    target = np.stack([p, np.full(4, 0.25)])
+    draws = 40_000
+    for x in (1, 3):
+        accepted, committed = 0, np.zeros(4)
+        for _ in range(draws):
+            verdict = rejection_sample([x], target, None, rng)
+            accepted += verdict.num_accepted
+            committed[verdict.committed([x])[0]] += 1
+        sd = np.sqrt(p[x] * (1 - p[x]) / draws)
+        assert abs(accepted / draws - p[x]) < 5 * sd, (x, accepted / draws, p[x])
+        chi2, critical = _fits(committed, p)  # overall the committed token is distributed as p
+        assert chi2 < critical, (x, chi2, committed / draws)
 
 
 def test_seeded_rejection_sampling_is_deterministic():
+    """The same seed gives the same sequence of verdicts; another seed another sequence."""
     p = np.random.default_rng(0).dirichlet(np.ones(10), size=4)
     q = np.random.default_rng(1).dirichlet(np.ones(10), size=3)
-    a = rejection_sample([1, 2, 3], p, q, np.random.default_rng(42))
-    b = rejection_sample([1, 2, 3], p, q, np.random.default_rng(42))
-    assert a == b
+
+    def verdicts(seed):
+        rng = np.random.default_rng(seed)  # one generator for the whole sequence, as a request has
+        return [rejection_sample([1, 2, 3], p, q, rng) for _ in range(60)]
+
+    a = verdicts(42)
+    assert a == verdicts(42)
+    assert a != verdicts(43)
+    assert len({(v.num_accepted, v.next_token) for v in a}) > 5  # the sequence is not one constant verdict

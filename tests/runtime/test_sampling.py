@@ -44,9 +44,14 @@ def test_top_k_and_top_p_compose():
 
 def test_sample_token_is_seeded_and_follows_probs():
     probs = np.array([0.2, 0.5, 0.3])
-    a = [sample_token(probs, np.random.default_rng(7)) for _ in range(5)]
-    b = [sample_token(probs, np.random.default_rng(7)) for _ in range(5)]
-    assert a == b
+
+    def draws(seed):
+        rng = np.random.default_rng(seed)  # one generator per sequence, as a request has
+        return [sample_token(probs, rng) for _ in range(40)]
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)
+    assert len(set(draws(7))) == 3  # the sequence moves: equality above is not of constants
     rng = np.random.default_rng(0)
     draws = np.bincount([sample_token(probs, rng) for _ in range(20000)], minlength=3) / 20000
     np.testing.assert_allclose(draws, probs, atol=0.015)
@@ -64,6 +69,16 @@ def test_next_token_greedy_is_argmax():
 
 @pytest.mark.parametrize("config, message", [
     (SamplingConfig(temperature=-0.1), "temperature"),
+    (SamplingConfig(temperature=1e-310), "temperature must be 0 .greedy. or in"),  # gave NaN probabilities
+    (SamplingConfig(temperature=1e-4), "temperature"),
+    (SamplingConfig(temperature=float("nan")), "temperature"),
+    (SamplingConfig(temperature=float("inf")), "temperature"),
+    (SamplingConfig(temperature=1e6), "temperature"),
+    (SamplingConfig(temperature="0.7"), "temperature must be a number"),
+    (SamplingConfig(temperature=True), "temperature must be a number"),
+    (SamplingConfig(top_k=2.5), "top_k must be an integer"),
+    (SamplingConfig(top_p=float("nan")), "top_p"),
+    (SamplingConfig(top_p="0.9"), "top_p must be a number"),
     (SamplingConfig(top_p=0.0), "top_p"),
     (SamplingConfig(top_p=1.5), "top_p"),
     (SamplingConfig(top_k=-1), "top_k"),
@@ -71,3 +86,14 @@ def test_next_token_greedy_is_argmax():
 def test_bad_settings_raise(config, message):
     with pytest.raises(GenerationError, match=message):
         config.validate()
+
+
+@pytest.mark.parametrize("temperature", [1e-3, 0.01, 1.0, 100.0])
+def test_every_accepted_temperature_gives_a_distribution(temperature):
+    """At the ends of the accepted range, even with float32-extreme logits, rows are finite and sum to 1."""
+    SamplingConfig(temperature=temperature).validate()
+    logits = np.array([[3e38, -3e38, 0.0, 1.0], [0.0, 1e-3, 2e-3, -5.0]], dtype=np.float32)
+    probs = process_logits(logits, SamplingConfig(temperature=temperature, top_k=3, top_p=0.9))
+    assert np.isfinite(probs).all()
+    np.testing.assert_allclose(probs.sum(axis=-1), 1.0)
+    assert probs[0].argmax() == 0
