@@ -33,6 +33,7 @@ from specdec.exporter.staging import check_output_path, staged_folder
 from specdec.exporter.tokenizer_check import check_tokenizers_compatible
 from specdec.exporter.quantize import WEIGHT_CHOICES, quantize_graph
 from specdec.exporter.validate import DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, validate_graph
+from specdec.exporter.agreement import AGREEMENT_FLOOR, float_answers, teacher_forced_agreement
 
 QUANTIZED_DRAFTS = ("int8", "int4")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -189,6 +190,24 @@ def _quantized_copy(target: GraphSpec, staging: Path, weights: str, progress: Pr
     )
 
 
+def _validate_quantized(staging: Path, spec: GraphSpec, loaded: LoadedSource, config: ExportConfig,
+                        answers: dict, progress: Progress) -> dict:
+    """Return the teacher-forced agreement report of a quantized graph; raise ExportError below the floor."""
+    floor = config.min_agreement if config.min_agreement is not None else AGREEMENT_FLOOR[spec.weights_dtype]
+    progress(f"{spec.role}: validating {spec.weights_dtype} greedy choices against PyTorch's (teacher-forced)")
+    if id(loaded.model) not in answers:
+        answers[id(loaded.model)] = float_answers(loaded.model, loaded.tokenizer)
+    report = teacher_forced_agreement(staging, spec, answers[id(loaded.model)], floor)
+    progress(f"{spec.role}: greedy agreement {report.agreement:.1%} over {report.tokens} answer tokens "
+             f"(floor {floor:.0%}); max |logit diff| {report.max_logit_diff:.2g}, not bounded for {spec.weights_dtype}")
+    if not report.passed:
+        raise ExportError(
+            f"{spec.role} graph failed validation: its greedy choices agree with PyTorch's at "
+            f"{report.agreement:.1%} of {report.tokens} answer positions, below the {spec.weights_dtype} floor "
+            f"{floor:.0%} (a broken quantization, or lower the floor with --min-agreement)")
+    return report.as_dict()
+
+
 def _write_tokenizer(loaded: LoadedSource, staging: Path) -> TokenizerSpec:
     folder = staging / "tokenizer"
     loaded.tokenizer.save_pretrained(str(folder))
@@ -236,8 +255,12 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
             draft, draft_spec = target, _quantized_copy(target_spec, staging, quantized_draft, progress)
 
         validation = {}
+        answers = {}  # float answers per source model: a quantized draft reuses the target's
         for loaded, spec in ((target, target_spec), (draft, draft_spec)):
             if spec is None:
+                continue
+            if spec.weights_dtype in AGREEMENT_FLOOR:
+                validation[spec.role] = _validate_quantized(staging, spec, loaded, config, answers, progress)
                 continue
             atol = config.atol if config.atol is not None else DEFAULT_ATOL[spec.weights_dtype]
             progress(f"{spec.role}: validating ONNX against PyTorch")

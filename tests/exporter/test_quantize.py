@@ -22,7 +22,9 @@ def test_quantized_target_validates_and_decodes_exactly(tiny_sources, tmp_path, 
     spec = manifest.target
     assert spec.weights_dtype == weights and spec.optimization["quantization"]["weights"] == weights
     report = manifest.validation["target"]
-    assert report["passed"] and report["min_agreement"] == 0.25 and report["atol"] == 20.0
+    # A quantized graph is judged by teacher-forced greedy agreement with PyTorch, not a logit bound.
+    assert report["passed"] and report["min_agreement"] == 0.25 and report["agreement"] >= 0.25
+    assert report["tokens"] > 0 and report["check"].startswith("teacher-forced")
     graph = onnx.load(str(out / spec.graph_file))
     assert any(node.op_type == op for node in graph.graph.node)
     engine = Engine.load(out, provider="cpu")
