@@ -41,7 +41,6 @@ def build_app(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0,
 
     config = replica_config(config, cpus_per_replica)
     config.validate()
-    builder = functools.partial(create_app, config, None, False)  # load the engine before taking traffic
 
     @serve.deployment(
         name="specdec",
@@ -51,11 +50,16 @@ def build_app(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0,
         max_ongoing_requests=config.max_concurrency + config.max_queue,
         health_check_period_s=5,
     )
-    @serve.ingress(builder)
+    @serve.ingress()
     class SpecdecReplica:
-        pass
+        def __init__(self, replica_config: ServeConfig):
+            self.config = replica_config
 
-    return SpecdecReplica.bind()
+        def __serve_build_asgi_app__(self):
+            # built in the replica, which loads its engine before taking traffic
+            return create_app(self.config, load_in_background=False)
+
+    return SpecdecReplica.bind(config)
 
 
 def run(config: ServeConfig, host: str, port: int, replicas: int, cpus_per_replica: float = 1.0,
