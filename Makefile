@@ -21,10 +21,10 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# What a lent CUDA machine needs for `specdec.bench.device_check`, in pieces the device tool can
+# What a lent CUDA machine needs for `specdec.benchmarks.device_check`, in pieces the device tool can
 # carry, and the calls to make (.device/PLAN.md).
 device-kit: $(STAMP)
-	$(BIN)/python -m specdec.bench.device_kit --root .device
+	$(BIN)/python tools/device_kit.py --root .device
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -63,9 +63,9 @@ $(GENAI_VENV)/.installed:
 	touch $@
 
 $(GENAI_MODEL)/genai_config.json: $(GENAI_VENV)/.installed | $(STAMP)
-	$(BIN)/python -m specdec.bench.genai_anchor save-hf "$$($(BIN)/python -m specdec.exporter.bundled)" benchmarks/out/smollm2-hf
+	$(BIN)/python -m specdec.benchmarks.genai_anchor save-hf "$$($(BIN)/python -m specdec.exporter.bundled)" benchmarks/out/smollm2-hf
 	$(GENAI_VENV)/bin/python -m onnxruntime_genai.models.builder -i benchmarks/out/smollm2-hf -o $(GENAI_MODEL) -p fp32 -e cpu
-	$(BIN)/python -m specdec.bench.genai_anchor fix-tokenizer $(GENAI_MODEL)
+	$(BIN)/python -m specdec.benchmarks.genai_anchor fix-tokenizer $(GENAI_MODEL)
 
 anchors-genai: $(GENAI_MODEL)/genai_config.json
 

@@ -1,6 +1,6 @@
 """specdec's benchmark suite (`specdec bench`): configurations side by side, anchors, reports.
 
-Installed as `specdec.bench`; `prompts.jsonl` (the versioned prompt set) ships with it.
+Installed as `specdec.benchmarks`; `prompts.jsonl` (the versioned prompt set) ships with it.
 """
 
 from pathlib import Path

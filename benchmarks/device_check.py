@@ -1,4 +1,4 @@
-"""The checks a CUDA machine must pass, as one script: `python -m specdec.bench.device_check ART... --provider cuda`.
+"""The checks a CUDA machine must pass, as one script: `python -m specdec.benchmarks.device_check ART... --provider cuda`.
 
 It needs only the runtime (numpy, onnxruntime-gpu, tokenizers), so it runs on a lent GPU
 machine where specdec's exporter cannot be installed. Per artifact it checks that:
@@ -21,8 +21,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 
+from specdec.runtime.diagnostics import first_mismatch
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.providers import CPU, CUDA
 
@@ -108,22 +108,6 @@ def _run(engine: Engine, prompt: str, max_new_tokens: int, drafter: str,
         "tokens_per_target_call": round(stats.tokens_per_target_call, 3),
         "alpha": round(stats.alpha, 3),
     }
-
-
-def first_mismatch(reference: Engine, prompt_ids: list[int], expected: list[int], actual: list[int]) -> dict | None:
-    """Return {"position", "top2_logit_gap"} where `actual` first differs from `expected` (which
-    `reference` produced after `prompt_ids`), the gap being the reference target's top-2 logit
-    gap there (small: a near-tie that rounding may flip); None where they agree."""
-    for position, (a, b) in enumerate(zip(expected, actual)):
-        if a != b:
-            return {"position": position, "top2_logit_gap": top2_logit_gap(reference, prompt_ids + expected[:position])}
-    return None
-
-
-def top2_logit_gap(engine: Engine, context: list[int]) -> float:
-    """Return the gap between the two highest logits of `engine`'s target for the token after `context`."""
-    top2 = np.sort(engine.target.forward(engine.target.new_cache(len(context)), context)[-1])[-2:]
-    return float(top2[1] - top2[0])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """onnxruntime-genai as an anchor, run in its own venv (its model builder needs transformers >= 5).
 
 Set up by `make anchors-genai`:
-  1. `python -m specdec.bench.genai_anchor save-hf GGUF OUT` (specdec's venv, transformers 4.57)
+  1. `python -m specdec.benchmarks.genai_anchor save-hf GGUF OUT` (specdec's venv, transformers 4.57)
      saves the GGUF as a plain fp32 Hugging Face folder (transformers >= 5 refuses to);
   2. genai's builder turns that folder into its own ONNX model (fp32, cpu);
   3. `fix-tokenizer` replaces the GGUF-derived tokenizer decoder, which genai misreads as
@@ -162,7 +162,7 @@ def run_genai(python: Path, model_dir: Path | None, prompt_ids: dict[str, list[i
               options: dict | None = None) -> list:
     """Return AnchorRuns from onnxruntime-genai, run by `python` (a venv with onnxruntime-genai), its
     session set up with `options` (genai session_options; None: `session_options` on every core)."""
-    from specdec.bench.anchors import AnchorRun
+    from specdec.benchmarks.anchors import AnchorRun
     from specdec.models.errors import SpecdecError
 
     if model_dir is None or not Path(model_dir, "genai_config.json").is_file():

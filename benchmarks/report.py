@@ -8,27 +8,11 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Callable, Sequence
 
-from specdec.bench.anchors import DIFFERS, EQUAL, PAST_MAX_NEW_TOKENS, greedy_agreement
+from specdec.benchmarks.anchors import DIFFERS, EQUAL, PAST_MAX_NEW_TOKENS, greedy_agreement
 
 
 def _pct(x: float) -> str:
     return f"{x:.0%}"
-
-
-def _goal_pct(x: float) -> str:
-    """Return x as a percentage with one decimal, rounded down: a goal figure never reads as met
-    when it is not (0.8499 shows 84.9%, not 85%)."""
-    return f"{math.floor(x * 1000 + 1e-9) / 10:.1f}%"  # 1e-9: float error (0.29 * 100 is 28.99...)
-
-
-def _goal_ratio(x: float) -> str:
-    """Return x as "1.99x", rounded down for the same reason as _goal_pct."""
-    return f"{math.floor(x * 100 + 1e-9) / 100:.2f}x"
-
-
-def _ceil_ratio(x: float) -> str:
-    """Return x as "0.81x", rounded up: for an at-most goal, a figure never reads as met when it is not."""
-    return f"{math.ceil(x * 100 - 1e-9) / 100:.2f}x"
 
 
 def _prompt_set_name(meta: dict) -> str:
@@ -52,9 +36,6 @@ def _auto_table_origin(meta: dict) -> str:
     return ""
 
 
-TTFT_GOAL_MIN_PROMPT = 200  # prompt tokens from which time to first token is held to the goal below
-TTFT_GOAL = 0.8  # specdec's time to first token over genai's, at most
-DECODE_GOAL = 1.05  # specdec target-only decode tokens/s over genai greedy's (geometric mean), at least
 
 
 def target_vs_genai_rows(specdec: dict[str, list[tuple[float, float]]], anchor_runs: Sequence,
@@ -141,7 +122,6 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
         f"{meta['verify_cost']:.3f}). "
         + _auto_table_origin(meta),
         "",
-        *goals_section(groups, rows, anchors, replays, head_to_head),
         "## By prompt group",
         "",
         "| group | configuration | decode tok/s | speedup | theory (paper) | measured / theory | "
@@ -325,50 +305,6 @@ def situation_section(situations: Sequence[dict]) -> list[str]:
         alpha = f"{r['alpha']:.2f}" if r["alpha"] is not None else "-"
         lines.append(f"| {r['group']} | {r['situation']} | {r['iterations']} | {_pct(r['iteration_share'])} | "
                      f"{r['drafted_per_iteration']:.2f} | {alpha} |")
-    return lines
-
-
-def goals_section(groups: Sequence[dict], rows: Sequence[dict], anchors: Sequence[dict],
-                  replays: Sequence[dict] = (), head_to_head: Sequence[dict] = ()) -> list[str]:
-    """Return Markdown lines checking the project's stated goals against this run's figures."""
-    lines = ["## Goals, checked on this run", "", "| goal | group | figure | met |", "|---|---|---|---|"]
-
-    def add(goal: str, group: str, figure: str, met: bool) -> None:
-        lines.append(f"| {goal} | {group} | {figure} | {'yes' if met else 'no'} |")
-
-    if head_to_head:
-        decode = geometric_mean([r["decode_ratio"] for r in head_to_head])
-        add(f"specdec target-only decode tokens/s >= {DECODE_GOAL}x onnxruntime-genai greedy (geometric mean, equal "
-            "threads)", "all", _goal_ratio(decode), decode >= DECODE_GOAL)
-    for r in head_to_head:
-        if r["prompt_tokens"] >= TTFT_GOAL_MIN_PROMPT:
-            add(f"time to first token <= {TTFT_GOAL}x onnxruntime-genai's (prompts of {TTFT_GOAL_MIN_PROMPT}+ "
-                "tokens)", f"{r['prompt']} ({r['prompt_tokens']} tokens)", _ceil_ratio(r["ttft_ratio"]),
-                r["ttft_ratio"] <= TTFT_GOAL)
-    for a in anchors:
-        if a["system"] == "transformers prompt-lookup":
-            add("specdec n-gram >= 2x transformers prompt lookup", a["group"], _goal_ratio(a["ratio"]), a["ratio"] >= 2.0)
-    for g in groups:
-        if g["config"] != "target-only":
-            lines.append(f"| {g['config']} >= 85% of theory: the paper's (verifying K+1 tokens costs one step) / "
-                         f"with this run's call costs | {g['group']} | {_goal_pct(g['share_of_theory'])} / "
-                         f"{_goal_pct(g['share_of_theory_verify'])} | {'yes' if g['share_of_theory'] >= 0.85 else 'no'} / "
-                         f"{'yes' if g['share_of_theory_verify'] >= 0.85 else 'no'} |")
-    for g in groups:
-        if g["config"].startswith("ngram") and g["group"] == "grounded":
-            add(f"{g['config']} >= 2x target-only on grounded prompts (median)", "grounded", _goal_ratio(g["speedup"]),
-                g["speedup"] >= 2.0)
-    grounded_bound = [r["oracle_speedup"] for r in replays if r["group"] == "grounded"]
-    if grounded_bound:
-        bound = statistics.median(grounded_bound)
-        add("(reference) best possible n-gram K choice >= 2x on grounded prompts (median, replay bound)", "grounded",
-            _goal_ratio(bound), bound >= 2.0)
-    auto_open = [r for r in rows if r["config"] == "ngram auto" and r["group"] == "open"]
-    if auto_open:
-        worst = min(auto_open, key=lambda r: r["speedup"])
-        add("ngram auto never below 0.95x on open prompts", "open", f"min {_goal_ratio(worst['speedup'])} ({worst['prompt']})",
-            worst["speedup"] >= 0.95)
-    lines.append("")
     return lines
 
 

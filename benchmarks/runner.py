@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from specdec.bench.replay import CostModel, replay_ngram
+from specdec.benchmarks.replay import CostModel, replay_ngram
 from specdec.runtime.call_costs import non_decreasing, verify_cost_from_calls
 from specdec.runtime.config import NGRAM_MIN_AUTO, NGRAM_MIN_FIXED_K, GenerationConfig
 from specdec.runtime.engine import Engine

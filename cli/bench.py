@@ -80,11 +80,11 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     if steps:
         _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider, threads, results, as_json)
         return
-    from specdec.bench import PROMPT_SET_VERSION, PROMPTS_FILE
-    from specdec.bench.device_check import top2_logit_gap
-    from specdec.bench.report import anchor_rows, markdown_report, target_vs_genai_rows
-    from specdec.bench.replay import CostModel
-    from specdec.bench.runner import (BASELINE, call_costs_of_runs, configurations, group_summary, replay_rows,
+    from specdec.benchmarks import PROMPT_SET_VERSION, PROMPTS_FILE
+    from specdec.runtime.diagnostics import top2_logit_gap
+    from specdec.benchmarks.report import anchor_rows, markdown_report, target_vs_genai_rows
+    from specdec.benchmarks.replay import CostModel
+    from specdec.benchmarks.runner import (BASELINE, call_costs_of_runs, configurations, group_summary, replay_rows,
                                       rollback_cost, run_bench, situation_rows, summarize)
     from specdec.models.manifest import sha256_of_file
     from specdec.runtime.config import DEFAULT_DRAFT_TOKENS
@@ -98,13 +98,13 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     configs = configurations(engine, k)
     prompt_ids = {case.id: engine.prompt_ids(case.prompt, case.chat) for case in prompts}
     runs, anchor_runs = [], []
-    from specdec.bench.genai_anchor import session_options
+    from specdec.benchmarks.genai_anchor import session_options
     genai_options = session_options(threads)
     # Repeats alternate specdec and onnxruntime-genai, so both see the same machine state.
     for repeat in range(repeats):
         runs += run_bench(engine, prompts, configs, max_new_tokens, 1, progress, first_repeat=repeat)
         if genai_python:
-            from specdec.bench.genai_anchor import run_genai
+            from specdec.benchmarks.genai_anchor import run_genai
 
             anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress,
                                      options=genai_options)
@@ -205,7 +205,7 @@ def _settings(engine, threads: int, genai_options: dict | None, transformers: bo
 
 def _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress) -> list:
     try:
-        from specdec.bench.anchors import load_torch_model, run_transformers
+        from specdec.benchmarks.anchors import load_torch_model, run_transformers
     except ImportError:
         progress("transformers anchor skipped: torch/transformers not installed (pip install 'specdec[export]')")
         return []
@@ -219,7 +219,7 @@ def _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progres
 
 
 def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider, threads, results, as_json) -> None:
-    from specdec.bench.steps import NEW_TOKENS, PAST_LENGTHS, steps_table, time_steps
+    from specdec.benchmarks.steps import NEW_TOKENS, PAST_LENGTHS, steps_table, time_steps
     from specdec.models.manifest import load_manifest
     from specdec.runtime.session import ModelSession
 
@@ -233,12 +233,12 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
     # The graphs take turns call by call: without spin=False, one's busy-waiting threads slow the next.
     sessions = {name: ModelSession(path, load_manifest(path).target, provider, threads, spin=False)
                 for name, path in named}
-    from specdec.bench.genai_anchor import session_options
+    from specdec.benchmarks.genai_anchor import session_options
     genai_options = session_options(threads, spin=False)
     repeats = max(repeats, 9)
     medians = time_steps(sessions, repeats=repeats, progress=progress)
     if genai_python:
-        from specdec.bench.genai_anchor import genai_step_times
+        from specdec.benchmarks.genai_anchor import genai_step_times
 
         progress("onnxruntime-genai step times")
         tokens = np.random.default_rng(0).integers(100, 40000, size=max(PAST_LENGTHS) + max(NEW_TOKENS)).tolist()

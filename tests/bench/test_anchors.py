@@ -1,6 +1,6 @@
-from specdec.bench.anchors import (DIFFERS, EQUAL, PAST_MAX_NEW_TOKENS, AnchorRun, GreedyAgreement,
+from specdec.benchmarks.anchors import (DIFFERS, EQUAL, PAST_MAX_NEW_TOKENS, AnchorRun, GreedyAgreement,
                                    greedy_agreement)
-from specdec.bench.report import _agreement_cell, _agreement_notes, anchor_rows
+from specdec.benchmarks.report import _agreement_cell, _agreement_notes, anchor_rows
 
 EOS = [2]
 

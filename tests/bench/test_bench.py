@@ -2,7 +2,7 @@ import json
 
 from click.testing import CliRunner
 
-from specdec.bench import PROMPTS_FILE
+from specdec.benchmarks import PROMPTS_FILE
 from specdec.cli.main import main
 from specdec.runtime.prompts import load_prompts
 

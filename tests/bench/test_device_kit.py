@@ -2,7 +2,7 @@
 
 import hashlib
 
-from specdec.bench.device_kit import PART_BYTES, plan_calls, split_file
+from tools.device_kit import PART_BYTES, plan_calls, split_file
 from specdec.models.manifest import sha256_of_file as sha256
 
 
@@ -34,8 +34,8 @@ def test_plan_carries_one_piece_per_call_then_runs_the_check(tmp_path):
 
 
 def test_the_kit_covers_both_ways_a_cache_lives_on_cuda_and_both_pass_on_the_cpu(tmp_path):
-    from specdec.bench import device_check
-    from specdec.bench.device_kit import _export_tiny_pairs
+    from specdec.benchmarks import device_check
+    from tools.device_kit import _export_tiny_pairs
     from specdec.models.manifest import load_manifest
     from specdec.runtime.session import check_kv_buffer_device
 

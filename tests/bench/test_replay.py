@@ -2,7 +2,7 @@
 
 import random
 
-from specdec.bench.replay import CostModel, replay_ngram
+from specdec.benchmarks.replay import CostModel, replay_ngram
 from specdec.runtime.ngram import ngram_propose
 
 COST = CostModel(verify_cost=0.1, rollback_cost=0.05)

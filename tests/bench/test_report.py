@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from specdec.bench.anchors import AnchorRun
-from specdec.bench.genai_anchor import configured_model, session_options
-from specdec.bench.report import (_prompt_set_name, geometric_mean, goals_section, target_vs_genai_rows,
-                                  target_vs_genai_section)
+from specdec.benchmarks.anchors import AnchorRun
+from specdec.benchmarks.genai_anchor import configured_model, session_options
+from specdec.benchmarks.report import _prompt_set_name, geometric_mean, target_vs_genai_rows, target_vs_genai_section
+from tools.goals import goals_section
 
 
 def _group(group, config, speedup, share):
@@ -74,7 +74,7 @@ def test_prompt_set_name():
 
 
 def test_the_report_says_where_autos_table_came_from():
-    from specdec.bench.report import _auto_table_origin
+    from specdec.benchmarks.report import _auto_table_origin
 
     assert "timed target calls" in _auto_table_origin({"call_costs_source": "timed", "calibration_seconds": 1.5})
     assert "call-cost cache" in _auto_table_origin({"call_costs_source": "cache", "calibration_seconds": 0.0})

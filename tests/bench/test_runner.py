@@ -2,8 +2,8 @@
 
 import statistics
 
-from specdec.bench.report import situation_section
-from specdec.bench.runner import BenchConfig, Run, call_costs_of_runs, rollback_cost, situation_rows, summarize
+from specdec.benchmarks.report import situation_section
+from specdec.benchmarks.runner import BenchConfig, Run, call_costs_of_runs, rollback_cost, situation_rows, summarize
 from specdec.runtime.prompts import PromptCase
 from specdec.runtime.stats import GenerationStats
 

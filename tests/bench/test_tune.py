@@ -8,7 +8,7 @@ from specdec.cli.main import main
 from specdec.models.manifest import load_manifest
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import load_prompts
-from specdec.bench.tune import TuneReport, TuneRow, recommend
+from specdec.benchmarks.tune import TuneReport, TuneRow, recommend
 from specdec.runtime.theory import expected_speedup
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdec.bench.device_check import first_mismatch
+from specdec.runtime.diagnostics import first_mismatch
 from specdec.runtime.engine import Engine, GenerationConfig
 
 

@@ -48,7 +48,7 @@ def test_greedy_speculative_equals_target_only(engine, prompt):
 
 
 def test_grounded_prompt_accepts_ngram_drafts(engine):
-    from specdec.bench import PROMPTS_FILE
+    from specdec.benchmarks import PROMPTS_FILE
     from specdec.runtime.prompts import load_prompts
 
     # The shipped benchmark's rewrite prompt: its answer copies long runs from the prompt.

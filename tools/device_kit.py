@@ -1,7 +1,7 @@
 """Packs what a lent CUDA machine needs for `device_check` into pieces its tool can carry.
 
 The device tool carries at most 64 MiB per call, the onnxruntime-gpu wheel is ~256 MB, and
-that machine reaches no package index. So `python -m specdec.bench.device_kit` (`make
+that machine reaches no package index. So `python tools/device_kit.py` (`make
 device-kit`) writes, under `.device/` (git-ignored):
 - part01/, part02/, ...: the onnxruntime-gpu wheel for the machine's Python, cut in pieces of
   at most PART_BYTES, one folder per call;
@@ -73,7 +73,7 @@ def plan_calls(root: str, parts: list[Path], wheel_name: str, wheel_sha256: str,
         f"{root}/kit/{specdec_wheel}",
         # onnxruntime-gpu finds CUDA 13 and cuDNN 9 in the image's nvidia-* packages (PyTorch's)
         f'export LD_LIBRARY_PATH="$(python3 -c "{lib_dirs}")"',
-        "PYTHONPATH=/tmp/site python3 -m specdec.bench.device_check "
+        "PYTHONPATH=/tmp/site python3 -m specdec.benchmarks.device_check "
         + " ".join(f"{root}/kit/{name}" for name in artifacts)
         + " --provider cuda --reference cpu --output $OUT/device_check.json",
     ])
