@@ -51,6 +51,8 @@ class KVCache:
 
     tensors: list[ort.OrtValue]
     slicer: KVSlicer | None  # None: shared buffers, rollback moves the length only
+    device: str = "cpu"  # where grown buffers go
+    max_positions: int = 0  # the model's limit, which a shared buffer never grows past (0: no limit)
     token_ids: list[int] = field(default_factory=list)
     # Usage counters for this request's stats: time inside session.run, and in rollbacks.
     run_seconds: float = 0.0
@@ -66,6 +68,25 @@ class KVCache:
     def capacity(self) -> int:
         """Return how many positions the tensors can hold (their current length for concat caches)."""
         return int(self.tensors[0].shape()[2])
+
+    def reserve(self, positions: int) -> None:
+        """Make a shared cache's buffers hold at least `positions`, doubling and keeping the valid prefix.
+
+        A concat cache has nothing to reserve: each step returns tensors of the new length.
+        """
+        if self.slicer is not None or positions <= self.capacity:
+            return
+        size = max(positions, 2 * self.capacity)
+        if self.max_positions:
+            size = min(size, self.max_positions)
+        grown = []
+        # Rare (log2 of the sequence length times per request): through host memory is fine.
+        for old in self.tensors:
+            data = old.numpy()
+            bigger = np.zeros(data.shape[:2] + (size,) + data.shape[3:], dtype=data.dtype)
+            bigger[:, :, :self.length] = data[:, :, :self.length]
+            grown.append(ort.OrtValue.ortvalue_from_numpy(bigger, self.device, 0))
+        self.tensors = grown
 
     def append(self, new_tensors: list[ort.OrtValue], new_token_ids: list[int]) -> None:
         """Take a step's present outputs (the same buffers, for a shared cache) and the new tokens."""

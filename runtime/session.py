@@ -69,26 +69,13 @@ class ModelSession:
         size = 0
         if self.shared_kv:
             size = max(1, min(capacity or DEFAULT_CAPACITY, self.spec.max_positions))
-        return KVCache(tensors=self._buffers(size), slicer=self.slicer)
+        return KVCache(tensors=self._buffers(size), slicer=self.slicer, device=self.device,
+                       max_positions=self.spec.max_positions)
 
     def _buffers(self, positions: int) -> list[ort.OrtValue]:
         shape = (1, self.spec.num_kv_heads, positions, self.spec.head_dim)
         return [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=self._kv_dtype), self.device, 0)
                 for _ in self._past_names]
-
-    def _ensure_capacity(self, cache: KVCache, positions: int) -> None:
-        """Grow a shared cache's buffers to hold `positions`, doubling, keeping the valid prefix."""
-        if positions <= cache.capacity:
-            return
-        size = min(max(positions, 2 * cache.capacity), self.spec.max_positions)
-        length = cache.length
-        grown = []
-        # Rare (log2 of the sequence length times per request): through host memory is fine.
-        for old in cache.tensors:
-            data = np.zeros((1, self.spec.num_kv_heads, size, self.spec.head_dim), dtype=self._kv_dtype)
-            data[:, :, :length] = old.numpy()[:, :, :length]
-            grown.append(ort.OrtValue.ortvalue_from_numpy(data, self.device, 0))
-        cache.tensors = grown
 
     def forward(self, cache: KVCache, token_ids: list[int]) -> np.ndarray:
         """Run the graph on `token_ids` after the cache; return logits [len(token_ids), vocab] on the host.
@@ -113,7 +100,7 @@ class ModelSession:
             positions = np.arange(past, past + n_new, dtype=np.int64)[None, :]
             binding.bind_cpu_input(spec.position_ids_name, positions)
         if self.shared_kv:
-            self._ensure_capacity(cache, past + n_new)
+            cache.reserve(past + n_new)
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
             binding.bind_cpu_input(spec.seqlens_name, np.array([past + n_new - 1], dtype=np.int32))
             binding.bind_cpu_input(spec.total_length_name, np.array(past + n_new, dtype=np.int32))

@@ -93,3 +93,20 @@ def test_fp32_shared_buffer_is_refused_on_cuda(tiny_artifacts):
     check_kv_buffer_device(load_manifest(tiny_artifacts["gpt2"]).target, "cuda")  # concat: fine
     with pytest.raises(GenerationError, match="fp16/bf16 only.*--no-shared-kv"):
         check_kv_buffer_device(shared, "cuda")
+
+
+def test_reserve_doubles_keeps_the_valid_prefix_and_stops_at_max_positions():
+    from specdec.runtime.kv_cache import KVCache
+    from specdec.runtime.providers import ort
+
+    data = np.arange(2 * 3 * 4, dtype=np.float32).reshape(1, 2, 3, 4)
+    cache = KVCache(tensors=[ort.OrtValue.ortvalue_from_numpy(data, "cpu", 0)], slicer=None, max_positions=10)
+    cache.token_ids = [7, 8]  # two valid positions of three
+    cache.reserve(3)
+    assert cache.capacity == 3  # enough already: untouched
+    cache.reserve(4)
+    grown = cache.tensors[0].numpy()
+    assert cache.capacity == 6 and np.array_equal(grown[:, :, :2], data[:, :, :2])
+    assert not grown[:, :, 2:].any()  # past the valid length: zeros, not the stale third position
+    cache.reserve(9)
+    assert cache.capacity == 10  # doubling would pass the model's limit
