@@ -44,28 +44,16 @@ class AcceptanceEstimate:
 class AdaptiveDraftLength:
     """Picks K each iteration to maximise the expected speedup (Theorem 3.8) under estimates.
 
-    alpha is estimated per drafting situation, a label the drafter gives before it proposes
-    (the n-gram drafter: whether the n-gram it copies from was seen once, always continued
-    the same way, or continued in different ways; a model drafter: one label). Replayed on
-    SmolLM2's greedy outputs (18 prompts, 128 and 256 tokens, two measured t(n) curves),
-    one alpha per n-gram situation beat one pooled alpha by 1-3% (geometric mean) on
-    grounded prompts and 1-11% on extract, and was level on open ones; live (3 alternating
-    repeats, same lookups) by 2.2% grounded and 0.3% open. A pooled alpha drafts long after
-    an ambiguous n-gram, where the first token mostly fails, and short in copy runs.
-
-    Each alpha is the ratio of two EWMAs over recent iterations in its situation, accepted
-    drafts over acceptance tests: the maximum-likelihood estimate of a per-token acceptance
-    probability. (An EWMA of each iteration's own ratio would weigh a 0-of-1 rejection as
-    much as a 7-of-7 run and read alpha low; with n-gram drafts, whose acceptance comes in
-    runs, that cost 5-10% of the speedup on grounded prompts in a replay.) c is an EWMA of
-    the measured draft-call / 1-token target-call time. What verifying k drafts costs comes
-    from `call_costs`, a per-length table of target call times (measured by `specdec tune`,
-    refined by every call this policy sees). When no K >= 1 is expected to beat plain
-    decoding in a situation, that situation decodes plainly for its next `cooldown`
-    iterations, then probes with `probe_k`.
+    alpha is estimated per drafting situation (a label the drafter gives before it proposes),
+    as the ratio of two EWMAs over recent iterations in that situation: accepted drafts over
+    acceptance tests. c is an EWMA of draft-call / 1-token target-call time; what verifying
+    k drafts costs comes from `call_costs`, refined by every call this policy sees. When no
+    K >= 1 is expected to beat plain decoding in a situation, that situation decodes plainly
+    for `cooldown` iterations, then probes with `probe_k`. Why each choice: docs/DESIGN.md,
+    "Adaptive K".
     """
 
-    max_k: int = 16  # cap on K (GenerationConfig.max_draft_tokens_auto says why 16)
+    max_k: int = 16  # cap on K (docs/DESIGN.md, "Defaults")
     smoothing: float = 0.3  # EWMA weight of the newest iteration
     alpha: float = 0.5  # starting guess for every situation, worth `prior_tests` acceptance tests
     prior_tests: float = 2.0

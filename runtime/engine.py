@@ -54,9 +54,7 @@ class Engine:
         self.manifest = manifest
         self.codec = TextCodec(artifact_dir, manifest.tokenizer)
         vocab = manifest.tokenizer.vocab_size
-        # The draft's threads must not busy-wait on the cores the target needs next. Measured
-        # (SmolLM2 + int8 draft, 2 cores, decode tok/s target-only / K=3): both spinning
-        # 44.4 / 33.7, target only spinning 40.1 / 43.5, neither 34.9 / 41.4.
+        # The draft's threads must not busy-wait on the cores the target needs next (docs/DESIGN.md, "Threads").
         self.target = ModelSession(artifact_dir, manifest.target, provider, threads, vocab_limit=vocab)
         self.draft = (ModelSession(artifact_dir, manifest.draft, provider, threads, vocab_limit=vocab, spin=False)
                       if manifest.draft else None)

@@ -24,10 +24,7 @@ def ngram_propose(context: list[int], k: int, min_n: int = 1, max_n: int = 4) ->
 
 
 # What the index knows about the n-gram it would copy from; the adaptive draft length keeps
-# one acceptance estimate per situation. On SmolLM2's greedy outputs (18 prompts, a lookup at
-# every output position), the next token was the proposed one 98% of the time after a
-# "repeated" n-gram, 67-80% after one seen once, and 39-53% after an "ambiguous" one (a
-# list's ".\n" before the next item's number).
+# one acceptance estimate per situation, since they differ widely (docs/DESIGN.md, "Drafters").
 NO_MATCH = "no match"  # no suffix of min_n..max_n tokens occurred before: nothing to propose
 SEEN_ONCE = "seen once"  # the matched n-gram occurred once before
 REPEATED = "repeated"  # it occurred several times, followed by the same token every time
