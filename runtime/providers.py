@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import sys
+import tempfile
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from specdec.models.errors import GenerationError, MissingDependencyError
 
@@ -44,9 +50,56 @@ def providers_for(requested: str) -> list[str]:
     return [CPU]
 
 
+# Every CUDA session's provider options (docs/GPU.md, "Arena"): the arena grows by what is asked
+# rather than to the next power of two, since KV buffers are allocated once and pooled
+# (runtime/kv_cache.py) and per-step activations repeat in size: doubling would only strand memory.
+CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested"}
+
+
+@dataclass
+class CheckSettings:
+    """Session settings only the device check turns on (`checked_sessions`), never the serving path."""
+
+    profile_dir: Path | None = None  # run onnxruntime's profiler; its JSON files go here
+    verbose_log: bool = False  # log at VERBOSE: node placements, "nodes were not assigned", Memcpy nodes
+    cuda_options: dict[str, str] = field(default_factory=dict)  # added to CUDA_OPTIONS, e.g. use_tf32 "0"
+    logs: dict[str, str] = field(default_factory=dict)  # graph path -> what onnxruntime logged creating it
+
+
+_check: CheckSettings | None = None
+
+
+@contextlib.contextmanager
+def checked_sessions(settings: CheckSettings) -> Iterator[CheckSettings]:
+    """Within the block, create_session applies `settings`; yield them (their `logs` fill in)."""
+    global _check
+    previous, _check = _check, settings
+    try:
+        yield settings
+    finally:
+        _check = previous
+
+
+@contextlib.contextmanager
+def _stderr_to(sink: io.BytesIO) -> Iterator[None]:
+    """Send file descriptor 2 (where onnxruntime's C++ logger writes) into `sink` within the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            sink.write(capture.read())
+
+
 _cuda_libraries = threading.Lock()
 _cuda_libraries_tried = False
 _cuda_failed = False  # a session asked for CUDA and got the CPU: this process cannot load CUDA
+_preload_said = ""  # what onnxruntime.preload_dlls printed or raised: the reason CUDA did not load, often
 
 
 def load_cuda_libraries() -> bool:
@@ -56,21 +109,43 @@ def load_cuda_libraries() -> bool:
     `pip install 'onnxruntime-gpu[cuda,cudnn]'` and no system CUDA (the edge box without
     PyTorch, which would otherwise load them) silently falls back to the CPU.
     `onnxruntime.preload_dlls` (onnxruntime-gpu >= 1.21) loads them from pip's nvidia
-    packages or the default paths. What it prints on failure is dropped: a provider that
-    still cannot load is reported by create_session.
+    packages (CUDA 13: one `nvidia/cu13/lib` folder; CUDA 12: `nvidia/<component>/lib`)
+    or the default paths. What it prints or raises is kept for create_session's error.
     """
-    global _cuda_libraries_tried
+    global _cuda_libraries_tried, _preload_said
     preload = getattr(ort, "preload_dlls", None)
     with _cuda_libraries:
-        if _cuda_libraries_tried or preload is None:
+        if _cuda_libraries_tried:
             return False
         _cuda_libraries_tried = True
-        with contextlib.redirect_stdout(io.StringIO()):
+        if preload is None:
+            _preload_said = f"onnxruntime {ort.__version__} has no preload_dlls (1.21 or later has)"
+            return False
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
             try:
                 preload()
-            except Exception:  # noqa: BLE001 - best effort; the session check below is what counts
-                pass
+            except Exception as err:  # noqa: BLE001 - best effort; the session check below is what counts
+                print(f"preload_dlls raised {type(err).__name__}: {err}")
+        _preload_said = " ".join(line.strip() for line in printed.getvalue().splitlines() if line.strip())
     return True
+
+
+def _session_options(path: str, threads: int | None, spin: bool) -> ort.SessionOptions:
+    """Return the SessionOptions for one graph, with the device check's settings when they are on."""
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.log_severity_level = 3  # the CUDA fallback warning is reported by us, once
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if _check is not None:
+        if _check.verbose_log:
+            options.log_severity_level = 0  # VERBOSE: where each node was placed, and the fallback warnings
+        if _check.profile_dir is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = str(Path(_check.profile_dir) / Path(path).stem)
+    return options
 
 
 def create_session(path: str, requested: str, threads: int | None = None,
@@ -86,27 +161,31 @@ def create_session(path: str, requested: str, threads: int | None = None,
     onnxruntime-gpu lists CUDA as available even where it cannot load it, then silently
     falls back to CPU; so the providers are read back from the session. "auto" accepts the
     fallback, and later "auto" sessions in this process go straight to the CPU; "cuda"
-    raises GenerationError.
+    raises GenerationError, quoting what preload_dlls said.
     """
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    options.log_severity_level = 3  # the CUDA fallback warning is reported by us, once
-    if not spin:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options = _session_options(path, threads, spin)
     global _cuda_failed
     providers = providers_for(requested)
     if requested == "auto" and _cuda_failed:
         providers = [CPU]  # it failed to load once: the next sessions need not fail (and log) again
     if CUDA in providers:
         load_cuda_libraries()
-    session = ort.InferenceSession(path, sess_options=options, providers=providers)
+    cuda_options = {**CUDA_OPTIONS, **(_check.cuda_options if _check else {})}
+    chosen = [(CUDA, cuda_options) if name == CUDA else name for name in providers]
+    if _check is not None and _check.verbose_log:
+        log = io.BytesIO()
+        with _stderr_to(log):
+            session = ort.InferenceSession(path, sess_options=options, providers=chosen)
+        _check.logs[path] = log.getvalue().decode(errors="replace")
+    else:
+        session = ort.InferenceSession(path, sess_options=options, providers=chosen)
     on_cuda = session.get_providers()[0] == CUDA
     if CUDA in providers and not on_cuda:
         _cuda_failed = True
         if requested == "cuda":
+            said = f" (onnxruntime.preload_dlls: {_preload_said[:400]})" if _preload_said else ""
             raise GenerationError(
                 "CUDA was requested but onnxruntime could not load its CUDA provider "
-                "(check the CUDA/cuDNN libraries match onnxruntime-gpu), or use --provider cpu"
+                f"(check the CUDA/cuDNN libraries match onnxruntime-gpu){said}, or use --provider cpu"
             )
     return session, ("cuda" if on_cuda else "cpu")

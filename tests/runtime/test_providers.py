@@ -38,7 +38,7 @@ def test_auto_loads_cuda_libraries_once_then_falls_back_to_cpu(identity_graph, c
     real_session = providers.ort.InferenceSession
 
     def recording_session(path, sess_options=None, providers=None):
-        asked.append(list(providers))
+        asked.append([name if isinstance(name, str) else name[0] for name in providers])
         return real_session(path, sess_options=sess_options, providers=providers)
 
     monkeypatch.setattr(providers.ort, "InferenceSession", recording_session)
@@ -60,3 +60,49 @@ def test_cuda_requested_but_unloadable_is_an_error(identity_graph, cuda_listed_b
 def test_cpu_never_touches_cuda_libraries(identity_graph, cuda_listed_but_unloadable):
     session, device = providers.create_session(identity_graph, "cpu")
     assert device == "cpu" and cuda_listed_but_unloadable == []
+
+
+def test_an_unloadable_cuda_error_quotes_what_preload_said(identity_graph, cuda_listed_but_unloadable, monkeypatch):
+    def failing_preload():
+        print("Failed to load libcudnn.so.9: cannot open shared object file")
+        raise OSError("libcublasLt.so.13: not found")
+
+    monkeypatch.setattr(providers.ort, "preload_dlls", failing_preload, raising=False)
+    with pytest.raises(GenerationError) as raised:
+        providers.create_session(identity_graph, "cuda")
+    message = str(raised.value)
+    assert "libcudnn.so.9: cannot open shared object file" in message and "libcublasLt.so.13" in message
+    assert "\n" not in message  # one line
+
+
+def test_cuda_sessions_get_the_arena_setting_and_the_checks_options(identity_graph, cuda_listed_but_unloadable,
+                                                                     monkeypatch):
+    asked = []
+    real_session = providers.ort.InferenceSession
+
+    def recording_session(path, sess_options=None, providers=None):
+        asked.append(providers)
+        return real_session(path, sess_options=sess_options, providers=[providers[-1]])
+
+    monkeypatch.setattr(providers.ort, "InferenceSession", recording_session)
+    providers.create_session(identity_graph, "auto")
+    monkeypatch.setattr(providers, "_cuda_failed", False)  # as if in a new process
+    with providers.checked_sessions(providers.CheckSettings(cuda_options={"use_tf32": "0"})):
+        providers.create_session(identity_graph, "auto")
+    providers.create_session(identity_graph, "cpu")
+    assert asked[0] == [(providers.CUDA, {"arena_extend_strategy": "kSameAsRequested"}), providers.CPU]
+    assert asked[1][0] == (providers.CUDA, {"arena_extend_strategy": "kSameAsRequested", "use_tf32": "0"})
+    assert asked[2] == [providers.CPU]
+
+
+def test_checked_sessions_log_node_placements_and_write_a_profile(identity_graph, tmp_path):
+    settings = providers.CheckSettings(profile_dir=tmp_path, verbose_log=True)
+    with providers.checked_sessions(settings):
+        session, _ = providers.create_session(identity_graph, "cpu")
+    plain, _ = providers.create_session(identity_graph, "cpu")  # outside the block: neither
+    assert "All nodes placed on [CPUExecutionProvider]. Number of nodes: 1" in settings.logs[identity_graph]
+    import numpy as np
+
+    session.run(None, {"x": np.ones(1, np.float32)})
+    profile = session.end_profiling()
+    assert profile.startswith(str(tmp_path / "identity")) and plain.end_profiling() == ""
