@@ -117,6 +117,32 @@ def test_model_drafts_are_the_draft_models_own_greedy_continuation(engines):
     assert checked >= 30
 
 
+def test_draft_cache_catches_up_on_exactly_what_it_has_not_seen(engines, monkeypatch):
+    """The draft's rollback keeps every still-valid position: each proposal's first call feeds one token
+    after a rejection (the recovered one) and two after a full accept (the last draft and the bonus).
+
+    A rollback that drops one valid position too many still drafts the right tokens, so only the
+    call lengths show it.
+    """
+    engine = engines["llama"]
+    calls = []
+    forward = engine.draft.forward
+    monkeypatch.setattr(engine.draft, "forward", lambda cache, ids, **options: calls.append(len(ids)) or forward(cache, ids, **options))
+    seen = Counter()
+    for prompt in PROMPTS:
+        calls.clear()
+        iterations = []
+        result = greedy(engine, prompt, drafter="model", num_draft_tokens=3, on_iteration=iterations.append)
+        expected, after_bonus = [len(result.prompt_ids)], False  # the draft's prefill
+        for iteration in iterations:
+            if iteration.drafted:
+                expected += [1 + after_bonus] + [1] * (len(iteration.drafted) - 1)
+                after_bonus = iteration.is_bonus
+                seen.update(bonus=iteration.is_bonus, rejection=iteration.rejected)
+        assert calls == expected, (prompt, calls, expected)
+    assert seen["bonus"] >= 3 and seen["rejection"] >= 3, seen
+
+
 def test_draft_equal_to_target_accepts_everything(tiny_self_draft_artifact):
     """draft == target: every draft passes, so the counts are known exactly, bonus tokens apart from accepted."""
     engine = Engine.load(tiny_self_draft_artifact, provider="cpu")

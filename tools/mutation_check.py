@@ -1,0 +1,298 @@
+"""Mutation check: plant each known speculative-decoding bug in a scratch copy and prove the tests catch it.
+
+`python tools/mutation_check.py` (or `make mutants`) copies the package sources and tests to a
+scratch folder laid out as `specdec/<package>` (on PYTHONPATH, ahead of the editable install),
+runs the selected tests once unmutated (they must pass), then for each mutant writes one text
+patch into the copy, runs that mutant's tests with `-x`, and restores the file. A mutant is
+killed when its tests fail; the check exits 1 if any mutant survived or could not be applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("runtime", "models", "exporter", "cli", "benchmarks", "serve")  # specdec.<name> <- <name>/
+EXACTNESS = "tests/runtime/test_exactness.py"
+ACCEPTANCE = "tests/runtime/test_acceptance.py"
+SAMPLED_MODEL = EXACTNESS + "::test_sampled_speculative_matches_target_distribution[model-settings0-2]"
+SAMPLED_MODEL_TOP_P = EXACTNESS + "::test_sampled_speculative_matches_target_distribution[model-settings1-3]"
+SAMPLED_NGRAM = EXACTNESS + "::test_sampled_speculative_matches_target_distribution[ngram-settings2-2]"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One known bug as a text patch: `old` must occur exactly once in `path`."""
+
+    name: str  # the bug, in words
+    path: str  # source file, relative to the repository root
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest selectors that must fail on it (run in this order, -x)
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("residual p - p", "runtime/acceptance.py",
+           "residual = np.maximum(p - q, 0.0)", "residual = np.maximum(p - p, 0.0)", (ACCEPTANCE,)),
+    Mutant("residual from the unprocessed q (draft's raw softmax rows)", "runtime/drafters.py",
+           "                rows.append(q)",
+           "                rows.append(process_logits(logits[None, :], SamplingConfig(temperature=1.0))[0])",
+           (SAMPLED_MODEL, SAMPLED_MODEL_TOP_P)),
+    Mutant("only q(x) kept instead of the q row", "runtime/acceptance.py",
+           "            q = draft_probs[i]",
+           "            q = np.where(np.arange(p.size) == token, draft_probs[i], 0.0)", (ACCEPTANCE,)),
+    Mutant("temperature/top-k/top-p on p but not on q (draft sampled raw)", "runtime/drafters.py",
+           "                token = sample_token(q, self.rng)",
+           "                token = sample_token(process_logits(logits[None, :], SamplingConfig(temperature=1.0))[0],"
+           " self.rng)",
+           (SAMPLED_MODEL, SAMPLED_MODEL_TOP_P)),
+    Mutant("top-k/top-p on q but not on p (verify keeps temperature only)", "runtime/loop.py",
+           "    target_probs = process_logits(logits, sampling)",
+           "    target_probs = process_logits(logits, SamplingConfig(temperature=sampling.temperature))",
+           (SAMPLED_NGRAM, SAMPLED_MODEL)),
+    Mutant("bonus token from the residual", "runtime/acceptance.py",
+           "    return Verdict(k, sample_token(target_probs[k], rng), is_bonus=k > 0)",
+           "    last_q = ((np.eye(target_probs.shape[1])[draft_tokens[-1]] if draft_probs is None else draft_probs[-1])\n"
+           "              if k else np.zeros(target_probs.shape[1]))\n"
+           "    return Verdict(k, sample_token(residual_distribution(target_probs[k], last_q), rng), is_bonus=k > 0)",
+           (ACCEPTANCE,)),
+    Mutant("one-hot draft accepted with probability p(x)/2", "runtime/acceptance.py",
+           "q_token = 1.0 if draft_probs is None", "q_token = 2.0 if draft_probs is None", (ACCEPTANCE,)),
+    Mutant("one-hot draft accepted with probability min(1, 2 p(x))", "runtime/acceptance.py",
+           "q_token = 1.0 if draft_probs is None", "q_token = 0.5 if draft_probs is None", (ACCEPTANCE,)),
+    Mutant("target KV rollback keeps one position too many", "runtime/loop.py",
+           "cache.rollback(len(context) + verdict.num_accepted)",
+           "cache.rollback(min(len(context) + verdict.num_accepted + 1, cache.length))", (EXACTNESS,)),
+    Mutant("target KV rollback drops one position too many", "runtime/loop.py",
+           "cache.rollback(len(context) + verdict.num_accepted)",
+           "cache.rollback(len(context) + verdict.num_accepted - 1)", (EXACTNESS,)),
+    Mutant("draft KV rollback keeps one position too many", "runtime/drafters.py",
+           "        self.cache.rollback(valid)", "        self.cache.rollback(min(valid + 1, len(cached)))",
+           (EXACTNESS,)),
+    Mutant("draft KV rollback drops one position too many", "runtime/drafters.py",
+           "        self.cache.rollback(valid)", "        self.cache.rollback(max(valid - 1, 0))", (EXACTNESS,)),
+    Mutant("overshooting max_new_tokens (K not capped by what is left)", "runtime/loop.py",
+           "request.max_new_tokens - generated - 1,", "request.max_new_tokens - generated,",
+           (EXACTNESS + "::test_max_new_tokens_is_exact",)),
+    Mutant("overshooting max_new_tokens (stops one token late)", "runtime/loop.py",
+           "elif generated >= request.max_new_tokens:", "elif generated > request.max_new_tokens:",
+           (EXACTNESS + "::test_max_new_tokens_is_exact",)),
+    Mutant("acceptance rate counting bonus tokens (in accepted)", "runtime/stats.py",
+           "self.accepted += iteration.num_accepted", "self.accepted += iteration.num_accepted + int(iteration.is_bonus)",
+           (EXACTNESS + "::test_draft_equal_to_target_accepts_everything", EXACTNESS)),
+    Mutant("acceptance rate counting bonus tokens (in the rate)", "runtime/stats.py",
+           "return self.accepted / self.drafted if self.drafted else 0.0",
+           "return (self.accepted + self.bonus_tokens) / self.drafted if self.drafted else 0.0",
+           (EXACTNESS + "::test_draft_equal_to_target_accepts_everything", EXACTNESS)),
+    Mutant("accepted count past EOS", "runtime/loop.py",
+           "committed=iteration.committed[: index + 1], num_accepted=index + 1,",
+           "committed=iteration.committed[: index + 1], num_accepted=iteration.num_accepted,",
+           (EXACTNESS + "::test_eos_inside_an_accepted_block_ends_the_counts_there", EXACTNESS)),
+)
+
+
+class MutationError(Exception):
+    """A mutant's patch does not apply to the current source."""
+
+
+def apply(source: str, mutant: Mutant) -> str:
+    """Return `source` with the mutant's `old` text replaced; raise MutationError unless it occurs exactly once."""
+    count = source.count(mutant.old)
+    if count != 1:
+        raise MutationError(f"{mutant.name}: {mutant.path} holds the patched text {count} times, not once "
+                            f"(update tools/mutation_check.py after a refactor): {mutant.old!r}")
+    return source.replace(mutant.old, mutant.new)
+
+
+def check_patches(root: Path = ROOT) -> list[str]:
+    """Return one problem line per mutant whose patch no longer applies, or does not compile (empty: all apply)."""
+    problems = []
+    for mutant in MUTANTS:
+        try:
+            mutated = apply((root / mutant.path).read_text(), mutant)
+            compile(mutated, mutant.path, "exec")
+        except (MutationError, SyntaxError) as err:
+            problems.append(str(err))
+        for selector in mutant.tests:
+            if not (root / selector.split("::")[0]).is_file():
+                problems.append(f"{mutant.name}: no test file {selector.split('::')[0]}")
+    return problems
+
+
+def extract_commit(root: Path, ref: str, dest: Path) -> Path:
+    """Return `dest` holding the sources and tests of commit `ref` (git archive), for a check of what is committed."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", ref, *PACKAGES, "tests",
+                              "pyproject.toml"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def make_scratch(root: Path, scratch: Path) -> None:
+    """Copy the package sources of `root` to scratch/specdec/<name> and its tests to scratch/tests."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "out")
+    for name in PACKAGES:
+        shutil.copytree(root / name, scratch / "specdec" / name, ignore=ignore)
+    shutil.copytree(root / "tests", scratch / "tests", ignore=ignore)
+    shutil.copy2(root / "pyproject.toml", scratch / "pyproject.toml")  # pytest's markers and options
+
+
+def scratch_env(scratch: Path, artifact_cache: Path) -> dict[str, str]:
+    """Return the environment that makes `specdec.*` resolve to the scratch copy."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(scratch) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a restored file of the same size and second must not hit a stale .pyc
+    env["SPECDEC_TEST_ARTIFACT_CACHE"] = str(artifact_cache)  # export the tiny artifacts once, not per mutant
+    return env
+
+
+def imported_from(scratch: Path, env: dict[str, str], module: str) -> Path:
+    """Return the file `module` is imported from under `env` (to prove the tests see the scratch copy)."""
+    out = subprocess.run([sys.executable, "-c", f"import {module} as m; print(m.__file__)"], cwd=scratch, env=env,
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+@dataclass
+class Outcome:
+    """What one pytest run on one mutant (or the baseline) gave."""
+
+    name: str
+    status: str  # "killed", "survived", "broken" (no test ran or pytest errored), "timeout", "passed" (baseline)
+    seconds: float
+    failed: list[str]  # the failing test ids
+
+
+def run_tests(scratch: Path, env: dict[str, str], selectors: tuple[str, ...], timeout: float) -> tuple[int | None, str]:
+    """Return (pytest exit code, its output tail); code None on timeout."""
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p", "no:cacheprovider", *selectors]
+    try:
+        done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, ""
+    return done.returncode, done.stdout + done.stderr
+
+
+def _failed(output: str) -> list[str]:
+    return re.findall(r"^FAILED (\S+)", output, flags=re.MULTILINE)
+
+
+def run_mutant(scratch: Path, env: dict[str, str], mutant: Mutant, timeout: float) -> Outcome:
+    """Return the outcome of `mutant`'s tests with the mutant applied; the file is restored afterwards."""
+    path = scratch / "specdec" / mutant.path
+    original = path.read_text()
+    path.write_text(apply(original, mutant))
+    start = time.perf_counter()
+    try:
+        code, output = run_tests(scratch, env, mutant.tests, timeout)
+    finally:
+        path.write_text(original)
+    seconds = time.perf_counter() - start
+    if code is None:
+        return Outcome(mutant.name, "timeout", seconds, [])
+    failed = _failed(output)
+    # pytest exit 1: tests ran and some failed; 0: all passed; anything else (usage, collection
+    # error, no tests) means the mutant was not judged by its tests.
+    status = {0: "survived", 1: "killed" if failed else "broken"}.get(code, "broken")
+    return Outcome(mutant.name, status, seconds, failed)
+
+
+def format_table(outcomes: list[Outcome]) -> str:
+    """Return the outcomes as a Markdown table."""
+    lines = ["| mutant | result | seconds | first failing test |", "|---|---|---:|---|"]
+    for o in outcomes:
+        lines.append(f"| {o.name} | {o.status} | {o.seconds:.0f} | {o.failed[0] if o.failed else ''} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the check; return 0 when every mutant is killed, 1 otherwise, 2 when the baseline fails."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="Run only mutants whose name contains TEXT (repeatable).")
+    parser.add_argument("--list", action="store_true", help="List the mutants and their tests, run nothing.")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="Skip the unmutated run (only when the tests are known to pass on this tree).")
+    parser.add_argument("--artifact-cache", type=Path, default=None,
+                        help="Folder to keep the tiny test artifacts in across runs (default: a temporary one).")
+    parser.add_argument("--ref", default=None, metavar="COMMIT",
+                        help="Check this commit's sources and tests (git archive) instead of the working tree.")
+    parser.add_argument("--keep", action="store_true", help="Keep the scratch folder and print its path.")
+    parser.add_argument("--timeout", type=float, default=300.0, help="Seconds per pytest run before it counts as "
+                        "a timeout (default: 300).")
+    parser.add_argument("--json", action="store_true", help="Print the outcomes as one JSON object.")
+    args = parser.parse_args(argv)
+
+    mutants = [m for m in MUTANTS if not args.only or any(text in m.name for text in args.only)]
+    if args.list:
+        for m in mutants:
+            print(f"{m.name}\n    {m.path}: {m.old!r} -> {m.new!r}\n    tests: {' '.join(m.tests)}")
+        return 0
+    if not mutants:
+        print("error: no mutant matches --only", file=sys.stderr)
+        return 1
+
+    scratch = Path(tempfile.mkdtemp(prefix="specdec-mutants-"))
+    artifact_cache = args.artifact_cache or scratch / "artifacts"
+    artifact_cache.mkdir(parents=True, exist_ok=True)
+    try:
+        try:
+            source = extract_commit(ROOT, args.ref, scratch / "commit") if args.ref else ROOT
+        except subprocess.CalledProcessError as err:
+            print(f"error: cannot read commit {args.ref!r}: {err.stderr.decode().strip()}", file=sys.stderr)
+            return 1
+        problems = check_patches(source)
+        if problems:
+            for problem in problems:
+                print(f"error: {problem}", file=sys.stderr)
+            return 1
+        make_scratch(source, scratch)
+        env = scratch_env(scratch, artifact_cache)
+        seen = imported_from(scratch, env, "specdec.runtime.acceptance")
+        if scratch not in seen.parents:
+            print(f"error: the tests would import {seen}, not the scratch copy in {scratch}", file=sys.stderr)
+            return 2
+        outcomes = []
+        if not args.no_baseline:
+            selectors = tuple(dict.fromkeys(s for m in mutants for s in m.tests))
+            print(f"baseline: {len(selectors)} test selections, unmutated ...", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            code, output = run_tests(scratch, env, selectors, args.timeout * 3)
+            if code != 0:
+                print(output[-4000:] if output else "timeout", file=sys.stderr)
+                print("error: the tests fail without any mutant: fix them first", file=sys.stderr)
+                return 2
+            print(f"baseline passed in {time.perf_counter() - start:.0f}s", file=sys.stderr, flush=True)
+        for i, mutant in enumerate(mutants, start=1):
+            print(f"[{i}/{len(mutants)}] {mutant.name} ...", file=sys.stderr, flush=True)
+            outcome = run_mutant(scratch, env, mutant, args.timeout)
+            print(f"    {outcome.status} in {outcome.seconds:.0f}s {' '.join(outcome.failed[:1])}", file=sys.stderr,
+                  flush=True)
+            outcomes.append(outcome)
+    finally:
+        if args.keep:
+            print(f"scratch kept in {scratch}", file=sys.stderr)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    killed = sum(o.status == "killed" for o in outcomes)
+    if args.json:
+        print(json.dumps({"killed": killed, "total": len(outcomes), "mutants": [asdict(o) for o in outcomes]},
+                         indent=2))
+    else:
+        print(format_table(outcomes))
+        print(f"\n{killed} of {len(outcomes)} mutants killed")
+    return 0 if killed == len(outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
