@@ -15,7 +15,7 @@ import click
 import numpy as np
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
-from specdec.runtime.config import PROVIDER_CHOICES
+from specdec.runtime.config import MAX_DRAFT_TOKENS, PROVIDER_CHOICES
 
 
 def _machine() -> str:
@@ -49,7 +49,7 @@ def _versions() -> dict[str, str]:
               help="Tokens generated per prompt and run (greedy).")
 @click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True,
               help="Times every (prompt, configuration) runs; the report quotes medians.")
-@click.option("-k", "--num-draft-tokens", type=click.IntRange(1, 32), default=None,
+@click.option("-k", "--num-draft-tokens", type=click.IntRange(1, MAX_DRAFT_TOKENS), default=None,
               help="Fixed K of the speculative configurations (default: the artifact's tuned K, else 4).")
 @click.option("--anchors/--no-anchors", default=True, show_default=True,
               help="Also run transformers generate (greedy, prompt lookup) when torch is installed.")

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
+from specdec.models.manifest import FLOAT_DTYPES, TRACE_DEVICES, WEIGHT_DTYPES
 from specdec.runtime.config import DRAFTER_CHOICES, MAX_DRAFT_TOKENS, PROVIDER_CHOICES, GenerationConfig
 
 DEFAULTS = GenerationConfig()  # flag defaults are the library's
@@ -41,13 +42,13 @@ def main() -> None:
                    "artifact (the runtime then drafts by prompt lookup).")
 @click.option("--output", "-o", required=True, type=click.Path(path_type=Path),
               help="Artifact folder to create. Written atomically: nothing is left there on failure.")
-@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+@click.option("--dtype", type=click.Choice(FLOAT_DTYPES), default="fp32", show_default=True,
               help="Float dtype of the exported graphs (weights, KV cache, logits). fp16 with --device cpu: "
                    "exported in fp32, then converted, for a GPU box (CUDA's fused attention takes fp16).")
-@click.option("--weights", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default=None,
+@click.option("--weights", type=click.Choice(WEIGHT_DTYPES), default=None,
               help="Weight precision: fp32/fp16 as --dtype; int8 or int4 quantize the MatMul weights "
-                   "(onnxruntime MatMulNBits) after an fp32 export. Validated with looser bounds.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+                   "(onnxruntime MatMulNBits) after an fp32 export, validated by greedy agreement with PyTorch.")
+@click.option("--device", type=click.Choice(TRACE_DEVICES), default="cpu", show_default=True,
               help="Device PyTorch traces and validates the model on.")
 @click.option("--opset", type=int, default=None, help="ONNX opset (default: optimum's choice for the architecture).")
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the source (hub models only).")

@@ -15,6 +15,8 @@ import onnx
 
 from specdec.models.errors import ExportError
 from specdec.models.manifest import (
+    FLOAT_DTYPES,
+    TRACE_DEVICES,
     GraphSpec,
     Manifest,
     Provenance,
@@ -79,9 +81,9 @@ def check_config(config: ExportConfig) -> ExportConfig:
     if config.draft and config.draft.startswith("quantized:") and \
             config.draft.split(":", 1)[1] not in QUANTIZED_DRAFTS:
         raise ExportError(f"--draft {config.draft}: expected quantized:int8 or quantized:int4")
-    if config.dtype not in ("fp32", "fp16"):
+    if config.dtype not in FLOAT_DTYPES:
         raise ExportError(f"--dtype must be fp32 or fp16, got '{config.dtype}'")
-    if config.device not in ("cpu", "cuda"):
+    if config.device not in TRACE_DEVICES:
         raise ExportError(f"--device must be cpu or cuda, got '{config.device}'")
     if config.device == "cuda":
         import torch

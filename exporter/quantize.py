@@ -24,9 +24,9 @@ from typing import Any
 
 from specdec.exporter.nbits_graph import fold_transposed_weights, fuse_shared_input_matmuls, tie_embedding
 from specdec.exporter.packed_attention import pack_attention_inputs
-from specdec.models.manifest import sha256_of_file
+from specdec.models.manifest import WEIGHT_DTYPES, sha256_of_file
 
-WEIGHT_CHOICES = ("fp32", "fp16", "int8", "int4")
+WEIGHT_CHOICES = WEIGHT_DTYPES
 BLOCK_SIZE = 32  # weights per scale: smaller blocks keep more accuracy, cost a little speed (genai's int4: 32)
 # accuracy_level 4: MatMulNBits computes in int8 on CPU, activations quantized per row and block, its fastest kernel.
 ACCURACY_LEVEL = 4

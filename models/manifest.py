@@ -32,6 +32,9 @@ MANIFEST_FORMAT = "specdec-artifact"
 MANIFEST_VERSION = 3
 SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3)
 KV_BUFFERS = ("concat", "shared")
+FLOAT_DTYPES = ("fp32", "fp16")  # what `specdec export --dtype` may ask for
+WEIGHT_DTYPES = ("fp32", "fp16", "int8", "int4")  # GraphSpec.weights_dtype; `--weights`
+TRACE_DEVICES = ("cpu", "cuda")  # where PyTorch traces and validates a model (`--device`)
 
 
 @dataclass(frozen=True)
