@@ -69,7 +69,7 @@ def serve(artifact, host, port, model_name, max_concurrency, max_queue, request_
     if use_ray:
         from specdec.serve import ray_app
 
-        ray_app.run(config, host, port, replicas, replica_cpus, replica_gpus, ray_address)
+        ray_app.run(config, host, port, replicas, replica_cpus, replica_gpus, ray_address, log_level=log_level)
         return
     _serve_one_process(config, host, port, log_level)
 
