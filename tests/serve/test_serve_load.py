@@ -1,0 +1,76 @@
+"""The load generator (specdec.benchmarks.serve_load): its pure pieces, and a short run against the live server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specdec.benchmarks import serve_load
+from specdec.benchmarks.serve_load import Cell, Record
+from specdec.models.errors import SpecdecError
+from tests.serve.conftest import MODEL
+
+
+def test_loopback_only():
+    assert serve_load.check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert serve_load.check_loopback("http://localhost:1") == "http://localhost:1"
+    assert serve_load.check_loopback("http://[::1]:80") == "http://[::1]:80"
+    for url in ("http://10.0.0.1:8000", "http://192.168.1.2", "http://example.com", "ftp://127.0.0.1"):
+        with pytest.raises(SpecdecError, match="loopback"):
+            serve_load.check_loopback(url)
+    result = CliRunner().invoke(serve_load.main, ["--url", "http://10.1.2.3:8000"])
+    assert result.exit_code == 1 and "loopback" in result.output and "Traceback" not in result.output
+
+
+def test_summary_figures_by_hand():
+    cell = Cell("s", "ngram", 2, seconds=4.0, records=[
+        Record("a", ok=True, ttft=0.1, e2e=1.0, tokens=10, target_calls=5, drafted=12, accepted=6),
+        Record("b", ok=True, ttft=0.3, e2e=3.0, tokens=30, target_calls=11, drafted=20, accepted=14),
+        Record("c", ok=False, error="HTTP 429")])
+    s = serve_load.summarize(cell)
+    assert (s["requests"], s["errors"], s["tokens"]) == (3, 1, 40)
+    assert s["tokens_per_second"] == 10.0
+    assert s["ttft_p50"] == pytest.approx(0.2) and s["ttft_p99"] == pytest.approx(0.298)
+    assert s["e2e_p50"] == pytest.approx(2.0)
+    assert s["tokens_per_target_call"] == pytest.approx((40 - 2) / (16 - 2))  # prefill calls left out
+    assert s["acceptance_rate"] == pytest.approx(20 / 32)
+    assert serve_load.summarize(Cell("s", "none", 1))["ttft_p50"] is None
+
+
+def test_rounds_alternate_and_mismatches_are_found():
+    order = list(serve_load.rounds(["p", "r"], ["none", "ngram"], [1, 4], repeats=2))
+    assert order[:8] == [(1, 0, "p", "none"), (1, 0, "p", "ngram"), (1, 0, "r", "none"), (1, 0, "r", "ngram"),
+                         (1, 1, "r", "ngram"), (1, 1, "r", "none"), (1, 1, "p", "ngram"), (1, 1, "p", "none")]
+    assert len(order) == 16 and {o[0] for o in order[8:]} == {4}
+    same = [Cell("p", d, 1, records=[Record("x", ok=True, text="hi")]) for d in ("none", "ngram")]
+    assert serve_load.mismatches(same) == []
+    same[1].records.append(Record("y", ok=True, text="a"))
+    same[0].records.append(Record("y", ok=True, text="b"))
+    assert serve_load.mismatches(same) == ["y"]
+    assert serve_load.parse_sse_line("data: [DONE]") is None and serve_load.parse_sse_line(": ping") is None
+    assert serve_load.parse_sse_line('data: {"a": 1}') == {"a": 1}
+
+
+def test_a_short_run_against_the_live_server(server, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt": f"Count {i} red foxes and {i} hens."})
+                                 for i in range(3)))
+    result = CliRunner().invoke(serve_load.main, [
+        "--url", f"tiny={server.url}", "--concurrency", "1,3", "--drafters", "none,model", "--requests", "3",
+        "--rounds", "2", "--max-tokens", "12", "--prompts", str(prompts), "--model", MODEL,
+        "--output", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    summaries = report["summaries"]
+    assert [(s["concurrency"], s["drafter"]) for s in summaries] == [(1, "none"), (1, "model"), (3, "none"),
+                                                                      (3, "model")]
+    for s in summaries:
+        assert s["requests"] == 3 and s["errors"] == 0 and 0 < s["tokens"] <= 36, s
+        assert s["tokens_per_second"] > 0 and 0 < s["ttft_p50"] <= s["e2e_p50"] <= s["e2e_p99"]
+    assert summaries[0]["tokens_per_target_call"] == 1.0  # target-only: one token per decode call
+    assert report["setup"]["equal_texts"] == "yes"  # greedy: the draft model changes no text
+    saved = json.loads((tmp_path / "out" / "serve_load.json").read_text())
+    assert sum(len(c["records"]) for c in saved["cells"]) == 12
+    assert "| tiny | 3 | draft model | 3 |" in (tmp_path / "out" / "serve_load.md").read_text()
