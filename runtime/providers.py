@@ -81,7 +81,7 @@ def checked_sessions(settings: CheckSettings) -> Iterator[CheckSettings]:
 
 
 @contextlib.contextmanager
-def _stderr_to(sink: io.BytesIO) -> Iterator[None]:
+def stderr_into(sink: io.BytesIO) -> Iterator[None]:
     """Send file descriptor 2 (where onnxruntime's C++ logger writes) into `sink` within the block."""
     sys.stderr.flush()
     saved = os.dup(2)
@@ -174,7 +174,7 @@ def create_session(path: str, requested: str, threads: int | None = None,
     chosen = [(CUDA, cuda_options) if name == CUDA else name for name in providers]
     if _check is not None and _check.verbose_log:
         log = io.BytesIO()
-        with _stderr_to(log):
+        with stderr_into(log):
             session = ort.InferenceSession(path, sess_options=options, providers=chosen)
         _check.logs[path] = log.getvalue().decode(errors="replace")
     else:

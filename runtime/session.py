@@ -9,7 +9,7 @@ import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import GraphSpec
-from specdec.runtime.kv_cache import KVCache, KVSlicer
+from specdec.runtime.kv_cache import BufferPool, KVCache, KVSlicer
 from specdec.runtime.providers import create_session, ort
 
 
@@ -54,6 +54,8 @@ class ModelSession:
         self._past_names = [name for pair in spec.past_names for name in pair]
         self._present_names = [name for pair in spec.present_names for name in pair]
         self._kv_dtype = np.dtype(spec.kv_dtype)
+        self.pool = BufferPool((1, spec.num_kv_heads, spec.head_dim), self._kv_dtype, self.device,
+                               len(self._past_names)) if self.shared_kv else None
 
     @property
     def provider(self) -> str:
@@ -64,18 +66,25 @@ class ModelSession:
         """Return an empty cache (length 0) on this session's device.
 
         `capacity` sizes a shared-buffer cache (positions; it grows when exceeded, with a
-        copy); a concat cache starts empty whatever it is.
+        copy); its buffers come from the model's pool and go back when the cache is released
+        or dropped. A concat cache starts empty whatever it is.
         """
-        size = 0
-        if self.shared_kv:
-            size = max(1, min(capacity or DEFAULT_CAPACITY, self.spec.max_positions))
-        return KVCache(tensors=self._buffers(size), slicer=self.slicer, device=self.device,
-                       max_positions=self.spec.max_positions)
+        if not self.shared_kv:
+            shape = (1, self.spec.num_kv_heads, 0, self.spec.head_dim)
+            empty = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=self._kv_dtype), self.device, 0)
+                     for _ in self._past_names]
+            return KVCache(tensors=empty, slicer=self.slicer, device=self.device,
+                           max_positions=self.spec.max_positions)
+        size = max(1, min(capacity or DEFAULT_CAPACITY, self.spec.max_positions))
+        return KVCache(tensors=self.pool.take(size), slicer=None, device=self.device,
+                       max_positions=self.spec.max_positions, pool=self.pool)
 
-    def _buffers(self, positions: int) -> list[ort.OrtValue]:
-        shape = (1, self.spec.num_kv_heads, positions, self.spec.head_dim)
-        return [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=self._kv_dtype), self.device, 0)
-                for _ in self._past_names]
+    def onnx_sessions(self) -> dict[str, ort.InferenceSession]:
+        """Return this model's onnxruntime sessions by role: "model", and "kv_slice" for a concat cache."""
+        sessions = {"model": self.session}
+        if self.slicer is not None:
+            sessions["kv_slice"] = self.slicer.session
+        return sessions
 
     def forward(self, cache: KVCache, token_ids: list[int]) -> np.ndarray:
         """Run the graph on `token_ids` after the cache; return logits [len(token_ids), vocab] on the host.
@@ -93,16 +102,18 @@ class ModelSession:
             )
         spec = self.spec
         binding = self.session.io_binding()
-        binding.bind_cpu_input(spec.input_ids_name, np.asarray([token_ids], dtype=np.int64))
+        # ids, positions and seqlens go into the request's own device tensors (cache.inputs); the
+        # mask, rows and total length stay host inputs: kernels read them as shapes on the CPU.
+        cache.inputs.bind(binding, spec.input_ids_name, np.asarray([token_ids], dtype=np.int64))
         if spec.attention_mask_name:
             binding.bind_cpu_input(spec.attention_mask_name, np.ones((1, past + n_new), dtype=np.int64))
         if spec.position_ids_name:
             positions = np.arange(past, past + n_new, dtype=np.int64)[None, :]
-            binding.bind_cpu_input(spec.position_ids_name, positions)
+            cache.inputs.bind(binding, spec.position_ids_name, positions)
         if self.shared_kv:
             cache.reserve(past + n_new)
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
-            binding.bind_cpu_input(spec.seqlens_name, np.array([past + n_new - 1], dtype=np.int32))
+            cache.inputs.bind(binding, spec.seqlens_name, np.array([past + n_new - 1], dtype=np.int32))
             binding.bind_cpu_input(spec.total_length_name, np.array(past + n_new, dtype=np.int32))
         for name, value in zip(self._past_names, cache.tensors):
             binding.bind_ortvalue_input(name, value)

@@ -2,6 +2,8 @@
 
 import json
 
+import numpy as np
+
 import pytest
 
 from specdec.benchmarks import device_check
@@ -16,6 +18,60 @@ def test_checks_pass_on_the_cpu_for_every_drafter(tiny_artifacts):
     # per prompt: target-only, then n-gram and model drafter at K=4 and auto
     assert len(check.runs) == len(device_check.PROMPTS) * 5
     assert all(run["greedy_equals_target_only"] for run in check.runs if run["drafter"] != "none")
+    # the proofs ran: every graph profiled and logged, the same provider's logits 0 steps apart
+    assert sorted(check.placement) == ["draft/model", "target/model"]
+    assert all(p["log_placements"] == {"CPUExecutionProvider": p["log_placements"]["CPUExecutionProvider"]}
+               and p["tolerated"] == [] for p in check.placement.values())
+    assert check.logits["target"] == {"max_steps": 0.0, "bound_steps": 0.25} and check.kv_addresses_stable
+    assert set(check.throughput) == {"none K=0", "ngram K=4", "ngram K=auto", "model K=4", "model K=auto"}
+
+
+def test_work_off_the_expected_provider_fails_from_the_profile(tiny_artifacts, monkeypatch):
+    """The real profile of a CPU run, read as if CUDA had been asked: every float node is named."""
+    monkeypatch.setitem(device_check.EXPECTED_PROVIDER, "cpu", "CUDAExecutionProvider")
+    check = device_check.ArtifactCheck("gpt2", "cpu")
+    device_check.check_proofs(check, tiny_artifacts["gpt2"], "cpu", tiny_artifacts["gpt2"].parent)
+    roles = {failure.split(":")[0] for failure in check.failures}
+    assert roles == {"target/model", "target/kv_slice", "draft/model", "draft/kv_slice"}  # rollback graphs too
+    assert any("MatMul" in f and "ran on CPUExecutionProvider (float" in f for f in check.failures)
+
+
+def test_kv_buffers_that_move_between_steps_fail(tiny_artifacts, monkeypatch):
+    from specdec.runtime.session import ModelSession
+
+    real_new_cache = ModelSession.new_cache
+    monkeypatch.setattr(ModelSession, "new_cache", lambda self, capacity=None: real_new_cache(self, 2))  # grows
+    check = device_check.ArtifactCheck("llama", "cpu")
+    device_check.check_proofs(check, tiny_artifacts["llama"], "cpu", tiny_artifacts["llama"].parent)
+    assert check.kv_addresses_stable is False
+    moved = [f for f in check.failures if "moved on the device between steps" in f]
+    assert len(moved) == 2 and moved[0].startswith("target KV buffers [0, 1,") and moved[1].startswith("draft")
+
+
+def test_logits_beyond_the_bound_fail(tiny_artifacts, monkeypatch):
+    real_exercise = device_check._exercise
+    calls = []
+
+    def device_off_by_a_step(model, ids):  # each role runs the device model, then the CPU reference
+        logits, addresses, device = real_exercise(model, ids)
+        calls.append(1)
+        if len(calls) % 2:
+            logits = logits.copy()
+            logits[2, 7] += 0.3 * device_check.proofs.fp16_step(float(np.abs(logits[2]).max()))  # bound: 0.25
+        return logits, addresses, device
+
+    monkeypatch.setattr(device_check, "_exercise", device_off_by_a_step)
+    check = device_check.ArtifactCheck("llama", "cpu")
+    device_check.check_proofs(check, tiny_artifacts["llama"], "cpu", tiny_artifacts["llama"].parent)
+    assert len(check.failures) == 2 and all("fp16 steps) at row 2" in f for f in check.failures)
+    assert 0.25 < check.logits["target"]["max_steps"] < 0.35
+
+
+def test_tf32_is_turned_off_for_fp32_artifacts_only(tiny_artifacts, tmp_path):
+    from specdec.models.manifest import load_manifest
+
+    assert load_manifest(tiny_artifacts["llama"]).target.kv_dtype == "float32"
+    assert device_check._tf32_off(tiny_artifacts["llama"]).cuda_options == {"use_tf32": "0"}
 
 
 def test_a_cache_off_the_device_fails(tiny_artifacts, monkeypatch):

@@ -110,3 +110,56 @@ def test_reserve_doubles_keeps_the_valid_prefix_and_stops_at_max_positions():
     assert not grown[:, :, 2:].any()  # past the valid length: zeros, not the stale third position
     cache.reserve(9)
     assert cache.capacity == 10  # doubling would pass the model's limit
+
+
+def test_requests_reuse_pooled_buffers_and_decode_the_same(tiny_artifacts):
+    session = _session(tiny_artifacts["llama"])
+    tokens = [5, 9, 2, 7, 7, 1]
+    cache = session.new_cache(capacity=32)
+    first = session.forward(cache, tokens)
+    addresses = [t.data_ptr() for t in cache.tensors]
+    other = session.new_cache(capacity=32)  # a concurrent request: its own set
+    other_addresses = [t.data_ptr() for t in other.tensors]
+    assert not set(addresses) & set(other_addresses)
+    cache.release()
+    del other  # dropped without release: its set goes back too
+    again = session.new_cache(capacity=20)  # 20 <= 32 <= 40: a pooled set fits
+    assert [t.data_ptr() for t in again.tensors] in (addresses, other_addresses)
+    assert session.pool.allocated == 2 and again.length == 0
+    np.testing.assert_array_equal(session.forward(again, tokens), first)  # stale positions are never read
+    small = session.new_cache(capacity=8)  # 32 > 2 * 8: a pooled set that large is not handed out
+    assert small.capacity == 8 and session.pool.allocated == 3
+
+
+def test_pool_keeps_the_largest_sets_only():
+    from specdec.runtime.kv_cache import BufferPool
+
+    pool = BufferPool((1, 2, 4), np.dtype(np.float32), "cpu", count=2, keep=2)
+    sets = [pool.take(n) for n in (4, 8, 16)]
+    assert pool.allocated == 3 and [s[0].shape() for s in sets[:1]] == [[1, 2, 4, 4]]
+    for taken in sets:
+        pool.give(taken)
+    assert pool.take(16) is sets[2] and pool.take(8) is sets[1]  # both kept; the 4-position set was dropped
+    assert pool.take(4) is not sets[0] and pool.allocated == 4
+
+
+def test_device_inputs_write_into_one_tensor_per_shape():
+    import onnxruntime as ort
+
+    from specdec.runtime.kv_cache import DeviceInputs
+
+    class Binding:
+        def __init__(self):
+            self.bound = {}
+
+        def bind_ortvalue_input(self, name, value):
+            self.bound[name] = value
+
+    inputs, binding = DeviceInputs("cpu"), Binding()
+    inputs.bind(binding, "ids", np.array([[3]], dtype=np.int64))
+    first = binding.bound["ids"]
+    inputs.bind(binding, "ids", np.array([[8]], dtype=np.int64))
+    assert binding.bound["ids"] is first and first.numpy().tolist() == [[8]]  # updated in place
+    inputs.bind(binding, "ids", np.array([[1, 2]], dtype=np.int64))
+    assert binding.bound["ids"] is not first and binding.bound["ids"].numpy().tolist() == [[1, 2]]
+    assert isinstance(first, ort.OrtValue) and first.device_name().lower() == "cpu"
