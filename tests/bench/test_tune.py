@@ -1,4 +1,5 @@
 import json
+import re
 import shutil
 
 import pytest
@@ -45,7 +46,18 @@ def test_tune_stores_k_that_the_runtime_then_uses(tiny_artifacts, tmp_path):
     assert "| K |" in result.output and "recommended K" in result.output and "| auto (cap 3)" in result.output
     assert (tmp_path / "tune.png").stat().st_size > 1000
     stored = load_manifest(artifact).runtime_defaults.to_dict()
-    assert stored["num_draft_tokens"] in (1, 2, 3, "auto") and stored["drafter"] == "model"
+    # What is stored is what the sweep recommended and marked in its table (not just any valid K).
+    printed = re.search(r"^recommended K = (\S+)", result.output, flags=re.MULTILINE).group(1)
+    assert str(stored["num_draft_tokens"]) == printed and stored["drafter"] == "model"
+    measured = {}  # table row label (K or "auto") -> measured speedup, and which row is marked
+    for line in result.output.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if line.startswith("| ") and (cells[0][:1].isdigit() or cells[0].startswith("auto")):
+            measured[cells[0].split()[0]] = (float(cells[-1].rstrip("x")), "**recommended**" in cells[0])
+    assert sorted(measured) == ["1", "2", "3", "auto"], measured
+    assert [label for label, (_, marked) in measured.items() if marked] == [printed]
+    best = max(speedup for speedup, _ in measured.values())
+    assert measured[printed][0] >= best - 0.005  # the best measured row (table figures are rounded to 0.01)
     # The measured call-cost curve, n = 1..max_k + 1, is what `auto` starts from.
     assert len(stored["target_call_costs"]) == 4 and stored["target_call_costs"][0] == 1.0
     engine = Engine.load(artifact, provider="cpu")
