@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from specdec.models.errors import GenerationError
@@ -43,7 +44,21 @@ class GenerationConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
     def validate(self) -> None:
-        """Raise GenerationError for an out-of-range setting."""
+        """Raise GenerationError for a wrong-typed or out-of-range setting."""
+        integers = ("max_new_tokens", "seed", "max_draft_tokens_auto", "ngram_max") + (
+            ("ngram_min",) if self.ngram_min is not None else ())
+        for name in integers:  # a str or float here would fail later with a TypeError, or be truncated
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise GenerationError(f"{name} must be an integer, got {value!r}")
+        if self.seed < 0:
+            raise GenerationError(f"seed must be >= 0, got {self.seed}")
+        if not isinstance(self.chat, bool):
+            raise GenerationError(f"chat must be True or False, got {self.chat!r}")
+        # A bare string would be read as one stop string per character.
+        if not isinstance(self.stop_strings, (tuple, list)) or not all(
+                isinstance(s, str) and s for s in self.stop_strings):
+            raise GenerationError(f"stop_strings must be a tuple of non-empty strings, got {self.stop_strings!r}")
         self.sampling.validate()
         if self.max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
@@ -65,3 +80,15 @@ class GenerationConfig:
         if self.ngram_min is not None:
             return self.ngram_min
         return min(NGRAM_MIN_AUTO if adaptive else NGRAM_MIN_FIXED_K, self.ngram_max)
+
+
+def check_token_ids(ids: list, vocab_size: int) -> list[int]:
+    """Return `ids` as ints; raise GenerationError unless each is an integer in [0, vocab_size).
+
+    onnxruntime reads an id past the embedding as an error deep in a Gather, and a negative one
+    as a row counted from the end, silently.
+    """
+    for index, token in enumerate(ids):
+        if not isinstance(token, numbers.Integral) or isinstance(token, bool) or not 0 <= token < vocab_size:
+            raise GenerationError(f"prompt token {index} is {token!r}: ids must be integers in 0..{vocab_size - 1}")
+    return [int(token) for token in ids]

@@ -13,7 +13,7 @@ import numpy as np
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import Manifest, load_manifest
 from specdec.runtime.calibration import calibrate
-from specdec.runtime.config import DEFAULT_DRAFT_TOKENS, GenerationConfig
+from specdec.runtime.config import DEFAULT_DRAFT_TOKENS, GenerationConfig, check_token_ids
 from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
@@ -101,6 +101,11 @@ class Engine:
         """Return the longest sequence both models accept."""
         return min(s.spec.max_positions for s in (self.target, self.draft) if s is not None)
 
+    @property
+    def vocab_size(self) -> int:
+        """Return how many token ids every model's embedding takes."""
+        return min(s.spec.vocab_size for s in (self.target, self.draft) if s is not None)
+
     def prompt_ids(self, prompt: str, chat: bool = False) -> list[int]:
         """Return the token ids for a prompt, through the chat template when `chat`."""
         if chat:
@@ -125,7 +130,8 @@ class Engine:
         """
         config.validate()
         self.drafter_kind(config.drafter)  # an impossible drafter fails here, before anything runs
-        ids = list(prompt) if isinstance(prompt, list) else self.prompt_ids(prompt, config.chat)
+        ids = (check_token_ids(prompt, self.vocab_size) if isinstance(prompt, list)
+               else self.prompt_ids(prompt, config.chat))
         if len(ids) > self.max_positions:
             raise GenerationError(
                 f"prompt of {len(ids)} tokens is too long for the model's {self.max_positions} positions"

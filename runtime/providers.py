@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.models.errors import GenerationError, MissingDependencyError
+from specdec.models.errors import ArtifactError, GenerationError, MissingDependencyError
 
 try:
     import onnxruntime as ort
@@ -148,6 +148,21 @@ def _session_options(path: str, threads: int | None, spin: bool) -> ort.SessionO
     return options
 
 
+def _load(path: str, options: ort.SessionOptions, providers: list) -> ort.InferenceSession:
+    """Return an onnxruntime session for `path`; raise ArtifactError (one line) if the graph cannot be read.
+
+    A truncated or corrupt graph whose checksum was not checked (or was rewritten) would
+    otherwise surface as onnxruntime's own exception, a traceback in the CLI.
+    """
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
+
+    try:
+        return ort.InferenceSession(path, sess_options=options, providers=providers)
+    except (InvalidProtobuf, InvalidGraph, NoSuchFile, Fail) as err:
+        reason = " ".join(str(err).split())
+        raise ArtifactError(f"onnxruntime cannot load '{path}': {reason[:300]} (re-export the artifact)") from None
+
+
 def create_session(path: str, requested: str, threads: int | None = None,
                    spin: bool = True) -> tuple[ort.InferenceSession, str]:
     """Return (session, device) where device is "cuda" or "cpu", as the session really runs.
@@ -175,10 +190,10 @@ def create_session(path: str, requested: str, threads: int | None = None,
     if _check is not None and _check.verbose_log:
         log = io.BytesIO()
         with stderr_into(log):
-            session = ort.InferenceSession(path, sess_options=options, providers=chosen)
+            session = _load(path, options, chosen)
         _check.logs[path] = log.getvalue().decode(errors="replace")
     else:
-        session = ort.InferenceSession(path, sess_options=options, providers=chosen)
+        session = _load(path, options, chosen)
     on_cuda = session.get_providers()[0] == CUDA
     if CUDA in providers and not on_cuda:
         _cuda_failed = True
