@@ -75,6 +75,9 @@ class GraphSpec:
     kv_buffer: str = "concat"
     seqlens_name: str | None = None
     total_length_name: str | None = None
+    # Output holding the state that feeds the LM head (after the final norm), [batch, seq, hidden],
+    # for a drafter that reads the target's features (`specdec distill` adds it); None: no such output.
+    hidden_name: str | None = None
 
     @property
     def graph_file(self) -> str:
@@ -110,7 +113,38 @@ class Provenance:
     command: str | None = None
 
 
-DRAFTER_KINDS = ("model", "ngram", "none")  # what a stored default drafter may be
+DRAFTER_KINDS = ("model", "ngram", "eagle", "ngram+model", "none")  # what a stored default drafter may be
+FEATURE_DRAFT_KINDS = ("eagle",)  # trained drafts that read the target's hidden states
+
+
+@dataclass(frozen=True)
+class FeatureDraftSpec:
+    """A draft head trained by `specdec distill` on the target's own features (EAGLE-style).
+
+    Its graph takes the target's hidden states and the next tokens and proposes over a
+    subset of the vocabulary (`subset_file`, int64 ids); `target_graph_sha256` names the
+    target graph it was trained against, so a draft moved onto another target is refused.
+    """
+
+    kind: str  # one of FEATURE_DRAFT_KINDS
+    files: list[str]  # draft graph first, then the vocabulary subset (.npy); relative to the artifact
+    sha256: dict[str, str]
+    hidden_size: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_subset: int  # ids the draft can propose (q = 0 elsewhere)
+    target_graph_sha256: str
+    training: dict[str, Any] = field(default_factory=dict)  # data size, minutes, seed, steps, held-out acceptance
+
+    @property
+    def graph_file(self) -> str:
+        """Return the path of the draft head's ONNX graph, relative to the artifact."""
+        return self.files[0]
+
+    @property
+    def subset_file(self) -> str:
+        """Return the path of the vocabulary subset (.npy of int64 ids), relative to the artifact."""
+        return self.files[1]
 
 
 @dataclass(frozen=True)
@@ -145,6 +179,7 @@ class Manifest:
     # Defaults the runtime uses when the caller does not say (`specdec tune` writes here).
     runtime_defaults: RuntimeDefaults = field(default_factory=RuntimeDefaults)
     version: int = MANIFEST_VERSION
+    feature_draft: FeatureDraftSpec | None = None  # `specdec distill`'s trained draft head, if any
 
     def graphs(self) -> list[GraphSpec]:
         """Return the target spec, then the draft spec if there is one."""
@@ -154,6 +189,8 @@ class Manifest:
         """Return the JSON-ready form of the manifest."""
         body = asdict(self)
         body.pop("version")
+        if self.feature_draft is None:
+            body.pop("feature_draft")  # artifacts without one read as before
         body["runtime_defaults"] = self.runtime_defaults.to_dict()
         return {"format": MANIFEST_FORMAT, "version": self.version, **body}
 
@@ -208,6 +245,7 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         kv_buffer=s("kv_buffer", True) or "concat",
         seqlens_name=s("seqlens_name", True),
         total_length_name=s("total_length_name", True),
+        hidden_name=s("hidden_name", True),
     )
     if not spec.files:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")
@@ -270,7 +308,29 @@ def manifest_from_dict(data: Any) -> Manifest:
         validation=_get(data, "validation", (dict,), "", True) or {},
         runtime_defaults=_runtime_defaults_from_dict(_get(data, "runtime_defaults", (dict,), "", True) or {}),
         version=version,
+        feature_draft=_feature_draft_from_dict(data["feature_draft"]) if data.get("feature_draft") else None,
     )
+
+
+def _feature_draft_from_dict(data: Any) -> FeatureDraftSpec:
+    where = "feature_draft"
+    spec = FeatureDraftSpec(
+        kind=_get(data, "kind", (str,), where),
+        files=_get(data, "files", (list,), where),
+        sha256=_get(data, "sha256", (dict,), where),
+        hidden_size=_get(data, "hidden_size", (int,), where),
+        num_kv_heads=_get(data, "num_kv_heads", (int,), where),
+        head_dim=_get(data, "head_dim", (int,), where),
+        vocab_subset=_get(data, "vocab_subset", (int,), where),
+        target_graph_sha256=_get(data, "target_graph_sha256", (str,), where),
+        training=_get(data, "training", (dict,), where, True) or {},
+    )
+    if spec.kind not in FEATURE_DRAFT_KINDS:
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.kind' must be one of {', '.join(FEATURE_DRAFT_KINDS)}, "
+                            f"got {spec.kind!r}")
+    if len(spec.files) != 2:
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' must hold [draft graph, vocabulary subset]")
+    return spec
 
 
 def is_call_cost_table(values: Any) -> bool:
@@ -363,6 +423,8 @@ def verify_checksums(artifact_dir: str | os.PathLike, manifest: Manifest) -> Non
     listed: dict[str, str] = dict(manifest.tokenizer.sha256)
     for graph in manifest.graphs():
         listed.update(graph.sha256)
+    if manifest.feature_draft is not None:
+        listed.update(manifest.feature_draft.sha256)
     for rel, expected in listed.items():
         path = folder / rel
         if not path.is_file():

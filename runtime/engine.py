@@ -17,6 +17,7 @@ from specdec.runtime.config import DEFAULT_DRAFT_TOKENS, GenerationConfig, check
 from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdec.runtime.eagle import EagleDrafter, EagleHead
 from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeRequest, Iteration, decode
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.session import ModelSession
@@ -62,6 +63,9 @@ class Engine:
             # Padding rows differ: both sides sample from the vocabulary they share.
             shared = min(self.draft.vocab_limit, self.target.vocab_limit)
             self.draft.vocab_limit = self.target.vocab_limit = shared
+        # `specdec distill`'s trained head; a head trained for another target is refused here, in one line.
+        self.eagle = (EagleHead(artifact_dir, manifest.feature_draft, manifest.target, self.target.vocab_limit,
+                                provider, threads) if manifest.feature_draft else None)
         self.eos_token_ids = set(manifest.tokenizer.eos_token_ids)
         # One cost curve per engine, learned across requests: it is a fact of this machine and
         # model, and a single 128-token request is too short to time every call length.
@@ -146,6 +150,8 @@ class Engine:
         """
         if requested == "model" and self.draft is None:
             raise GenerationError("this artifact has no draft model; use drafter 'ngram' or 'none'")
+        if requested == "eagle" and self.eagle is None:
+            raise GenerationError("this artifact has no trained draft head; build one with `specdec distill`")
         if requested != "auto":
             return requested
         return self.manifest.runtime_defaults.drafter or ("model" if self.draft is not None else "ngram")
@@ -155,6 +161,8 @@ class Engine:
         kind = self.drafter_kind(config.drafter)
         if kind == "none":
             return None
+        if kind == "eagle" and self.eagle is not None:
+            return EagleDrafter(self.eagle, config.sampling, rng)
         if kind == "model" and self.draft is not None:
             return ModelDrafter(self.draft, config.sampling, rng,
                                 capacity=prompt_length + config.max_new_tokens + MAX_DRAFT_ROOM)

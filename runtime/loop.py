@@ -101,15 +101,20 @@ def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np
     as the target's own (token for token under greedy).
     """
     request.check()
+    # A drafter that reads the target's features (runtime/eagle.py) gets the hidden rows of every call.
+    hidden = drafter is not None and draft_length is not None and getattr(drafter, "reads_hidden", False)
+    states = None
     start = time.perf_counter()
-    logits = target.forward(cache, request.prompt_ids)
+    logits = target.forward(cache, request.prompt_ids, hidden=hidden)
+    if hidden:
+        logits, states = logits
     context = list(request.prompt_ids) + [next_token(logits[-1], request.sampling, rng)]
     iteration = _finish(Iteration([], 0, context[-1:], False, None, prefill=True,
                                   target_seconds=time.perf_counter() - start), request, context, generated=1)
     generated = 1
     yield iteration
     drafting = drafter is not None and draft_length is not None and not iteration.finished
-    draft_seconds = _timed(drafter.begin, request.prompt_ids) if drafting else 0.0  # the draft's prefill
+    draft_seconds = _timed(drafter.begin, request.prompt_ids, states) if drafting else 0.0  # the draft's prefill
     while not iteration.finished:
         situation = drafter.situation(context) if drafting else None
         # The target call takes k+1 tokens on a cache of len(context)-1 positions.
@@ -124,7 +129,9 @@ def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np
 
         # 2. verify: one target call over the last committed token and the drafts
         t0 = time.perf_counter()
-        logits = target.forward(cache, [context[-1]] + drafts)  # [len(drafts) + 1, vocab]
+        logits = target.forward(cache, [context[-1]] + drafts, hidden=hidden)  # [len(drafts) + 1, vocab]
+        if hidden:
+            logits, states = logits
         target_seconds = time.perf_counter() - t0
 
         # 3. accept
@@ -134,8 +141,8 @@ def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np
         past_length = len(context) - 1
         cache.rollback(len(context) + verdict.num_accepted)
         context.extend(verdict.committed(drafts))
-        if drafts:
-            drafter.accept(context)
+        if drafts or hidden:  # a feature drafter needs the committed rows after plain steps too
+            drafter.accept(context, states[: verdict.num_accepted + 1] if hidden else None)
 
         # 5. commit
         iteration = _cut_at_eos(Iteration(

@@ -86,11 +86,14 @@ class ModelSession:
             sessions["kv_slice"] = self.slicer.session
         return sessions
 
-    def forward(self, cache: KVCache, token_ids: list[int]) -> np.ndarray:
+    def forward(self, cache: KVCache, token_ids: list[int],
+                hidden: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Run the graph on `token_ids` after the cache; return logits [len(token_ids), vocab] on the host.
 
         The cache grows by len(token_ids) positions. Logits are cut to `vocab_limit` so ids
-        that only pad an embedding matrix can never be produced.
+        that only pad an embedding matrix can never be produced. With `hidden` (a graph with
+        `hidden_name`, see `specdec distill`) returns (logits, hidden states [len(token_ids), hidden]
+        float32): every new position's LM-head input, for a drafter that reads the target's features.
         """
         n_new = len(token_ids)
         past = cache.length
@@ -118,6 +121,11 @@ class ModelSession:
         for name, value in zip(self._past_names, cache.tensors):
             binding.bind_ortvalue_input(name, value)
         binding.bind_output(spec.logits_name, self.device)
+        if hidden:
+            if not spec.hidden_name:
+                raise GenerationError("this artifact's target graph has no hidden-state output: "
+                                      "run `specdec distill` on it first")
+            binding.bind_output(spec.hidden_name, "cpu")
         for name, value in zip(self._present_names, cache.tensors):
             if self.shared_kv:
                 binding.bind_ortvalue_output(name, value)  # in place: present is past
@@ -129,5 +137,7 @@ class ModelSession:
         cache.run_calls += 1
         outputs = binding.get_outputs()
         logits = outputs[0].numpy()[0, :, : self.vocab_limit]
-        cache.append(cache.tensors if self.shared_kv else outputs[1:], token_ids)
-        return logits
+        states = outputs[1].numpy()[0].astype(np.float32, copy=False) if hidden else None
+        presents = outputs[2:] if hidden else outputs[1:]
+        cache.append(cache.tensors if self.shared_kv else presents, token_ids)
+        return (logits, states) if hidden else logits

@@ -1,0 +1,132 @@
+"""Training data for the draft head: the target's own answers, and its features over them.
+
+Two costs, measured in the issue: the target decoding answers (batched `generate`) is
+the expensive part; one teacher-forced pass over prompt + answer to read every
+position's LM-head input is several times cheaper per token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Example:
+    """One conversation the head trains on."""
+
+    ids: np.ndarray  # [L] int64: prompt (chat template) + answer
+    features: np.ndarray  # [L, hidden] float16: the target's LM-head input at every position
+    greedy_next: np.ndarray  # [L] int64: the target's argmax after each position (acceptance is judged on it)
+    answer_start: int  # first answer position
+    sampled: bool  # the answer was sampled (temperature 0.7), not greedy
+
+
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """Return the token ids of a one-turn chat prompt, as the runtime's `--chat` builds it."""
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt)["input_ids"]
+
+
+def generate_answers(model, tokenizer, prompts: list[str], eos_ids: list[int], max_new_tokens: int,
+                     temperature: float, batch_size: int, seed: int, deadline: float | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> list[tuple[list[int], list[int]]]:
+    """Return [(prompt ids, answer ids)] for each prompt answered before `deadline` (time.monotonic()).
+
+    temperature 0: greedy; else sampled (top-k/top-p off). Answers end at the first EOS (kept).
+    """
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    device = next(model.parameters()).device
+    results = []
+    for first in range(0, len(prompts), batch_size):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        batch = [chat_ids(tokenizer, p) for p in prompts[first:first + batch_size]]
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
+        torch.manual_seed(seed + first)
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                 do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
+                                 top_k=0 if temperature > 0 else None, top_p=1.0 if temperature > 0 else None,
+                                 eos_token_id=eos_ids, pad_token_id=pad)
+        for ids, row in zip(batch, out[:, width:].tolist()):
+            answer = []
+            for token in row:
+                answer.append(token)
+                if token in eos_ids:
+                    break
+            results.append((ids, answer))
+        if progress:
+            progress(len(results), sum(len(a) for _, a in results))
+    return results
+
+
+def base_model(model):
+    """Return the transformer under the LM head: its last_hidden_state is the LM head's input (after the final norm)."""
+    return getattr(model, model.base_model_prefix)
+
+
+def features_of(model, conversations: list[tuple[list[int], list[int]]], sampled: bool,
+                batch_size: int = 8) -> list[Example]:
+    """Return an Example per (prompt ids, answer ids): one teacher-forced pass of the target over each."""
+    device = next(model.parameters()).device
+    head = model.get_output_embeddings()
+    examples = []
+    for first in range(0, len(conversations), batch_size):
+        chunk = conversations[first:first + batch_size]
+        seqs = [p + a for p, a in chunk]
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
+        with torch.no_grad():
+            hidden = base_model(model)(input_ids=ids, attention_mask=mask).last_hidden_state
+            greedy = head(hidden).argmax(-1)
+        for row, (prompt, answer) in enumerate(chunk):
+            length = len(prompt) + len(answer)
+            examples.append(Example(
+                ids=np.asarray(seqs[row], np.int64), features=hidden[row, :length].float().cpu().numpy().astype(np.float16),
+                greedy_next=greedy[row, :length].cpu().numpy().astype(np.int64), answer_start=len(prompt),
+                sampled=sampled))
+    return examples
+
+
+def frequent_tokens(examples: list[Example], size: int, vocab: int, always: list[int]) -> np.ndarray:
+    """Return the `size` ids the target emits most often in `examples` (answers and greedy choices), plus `always`.
+
+    FR-Spec's subset: the draft only proposes these, so its LM head shrinks from vocab rows
+    to `size`; ties and unused slots are filled by id order, so the result is deterministic.
+    """
+    counts = np.zeros(vocab, np.int64)
+    for ex in examples:
+        np.add.at(counts, ex.ids[ex.answer_start:], 1)
+        np.add.at(counts, ex.greedy_next, 1)
+    counts[np.asarray(always, np.int64)] = counts.max() + 1
+    size = min(size, vocab)
+    order = np.lexsort((np.arange(vocab), -counts))  # most frequent first, then lowest id
+    return np.sort(order[:size])
+
+
+def save_examples(path, examples: list[Example]) -> None:
+    """Write examples to one .npz file."""
+    np.savez(path, lengths=np.array([len(e.ids) for e in examples]), ids=np.concatenate([e.ids for e in examples]),
+             features=np.concatenate([e.features for e in examples]),
+             greedy_next=np.concatenate([e.greedy_next for e in examples]),
+             answer_start=np.array([e.answer_start for e in examples]),
+             sampled=np.array([e.sampled for e in examples]))
+
+
+def load_examples(path) -> list[Example]:
+    """Return the examples written by save_examples."""
+    data = np.load(path)
+    bounds = np.concatenate([[0], np.cumsum(data["lengths"])])
+    return [Example(data["ids"][a:b], data["features"][a:b], data["greedy_next"][a:b], int(s), bool(m))
+            for a, b, s, m in zip(bounds[:-1], bounds[1:], data["answer_start"], data["sampled"])]

@@ -1,0 +1,331 @@
+"""`specdec distill ART`: tap the target's features, make data, train the head, write it into the artifact.
+
+Nothing in the artifact changes until the very end: new files get new names (the tapped
+target graph, an `eagle-<hash>/` folder), and the rewritten specdec.json replaces the old
+one in one rename, the commit point. Files no manifest names any more are removed after.
+Work that --resume picks up (the data, the last checkpoint) lives beside the artifact in
+`.<name>.distill/`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specdec.models.errors import ExportError, SpecdecError
+from specdec.models.manifest import (MANIFEST_FILENAME, FeatureDraftSpec, GraphSpec, Manifest, RuntimeDefaults,
+                                     load_manifest, sha256_of_file)
+from specdec.exporter.distill.hidden_tap import HIDDEN_OUTPUT, add_hidden_output, compare_hidden
+from specdec.exporter.distill.prompts import heldout_prompts, training_prompts
+
+Progress = Callable[[str], None]
+HIDDEN_ATOL = {"fp32": 1e-3, "fp16": 5e-2}  # max |hidden difference| ONNX vs PyTorch (quantized graphs: recorded only)
+
+
+@dataclass
+class DistillConfig:
+    """What `specdec distill` was asked to do; the CLI maps its flags here."""
+
+    artifact: Path
+    minutes: float = 60.0  # the whole run's budget: data, training, export
+    seed: int = 0
+    resume: bool = False  # keep the data and checkpoint of the last run and train on
+    prompts: int | None = None  # training prompts to answer; None: as many as the data share of the budget allows
+    steps: int | None = None  # training steps in all; None: as many as the budget allows
+    data_share: float = 0.45  # of the budget spent making data (the target answering prompts)
+    sampled_share: float = 0.5  # of the answers sampled at temperature 0.7 rather than greedy
+    heldout: int = 16  # held-out prompts (topics no training prompt has), answered greedily
+    max_new_tokens: int = 192  # per answer
+    generate_batch: int = 16
+    subset_size: int = 8192  # FR-Spec: ids the head can propose
+    device: str = "auto"  # auto: CUDA when PyTorch sees one, else the CPU
+    threads: int | None = None  # PyTorch and onnxruntime threads (None: all cores)
+    eval_prompts: int = 4  # held-out prompts decoded with the runtime at the end (acceptance per position)
+    settings: dict = field(default_factory=dict)  # TrainSettings overrides
+
+
+def work_dir(artifact: Path) -> Path:
+    """Return the folder beside the artifact that keeps data and checkpoints for --resume."""
+    return artifact.resolve().parent / f".{artifact.name}.distill"
+
+
+def _device(requested: str) -> str:
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ExportError("--device cuda was given but PyTorch sees no CUDA GPU; use --device cpu")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def check_config(config: DistillConfig) -> Manifest:
+    """Return the artifact's manifest; raise ExportError for a run that cannot work, before any slow step."""
+    if not config.minutes > 0:
+        raise ExportError(f"--minutes must be > 0, got {config.minutes}")
+    if config.steps is not None and config.steps < 1:
+        raise ExportError(f"--steps must be >= 1, got {config.steps}")
+    if config.prompts is not None and config.prompts < 1:
+        raise ExportError(f"--prompts must be >= 1, got {config.prompts}")
+    if config.subset_size < 2:
+        raise ExportError(f"--vocab-subset must be >= 2, got {config.subset_size}")
+    manifest = load_manifest(config.artifact)
+    if config.resume and not (work_dir(config.artifact) / "checkpoint.pt").is_file():
+        raise ExportError(f"nothing to resume: {work_dir(config.artifact)} holds no checkpoint (run without --resume)")
+    if manifest.target.weights_dtype not in ("fp32", "fp16", "int8", "int4"):
+        raise ExportError(f"unsupported target weights {manifest.target.weights_dtype}")
+    return manifest
+
+
+def _tap_target(artifact: Path, manifest: Manifest, model, tokenizer, progress: Progress) -> tuple[GraphSpec, dict]:
+    """Return the target spec with a hidden-state output (a new graph file) and its validation against PyTorch."""
+    import torch
+
+    from specdec.exporter.distill.data import base_model, chat_ids
+    from specdec.runtime.session import ModelSession
+
+    spec = manifest.target
+    if spec.hidden_name:
+        return spec, manifest.validation.get("target_hidden", {})
+    source = Path(spec.graph_file)
+    tapped = source.with_name(source.stem + ".hidden.onnx")
+    progress(f"target: adding the hidden-state output (the LM head's input) as {tapped}")
+    add_hidden_output(artifact / source, artifact / tapped, spec.logits_name)
+    files = [str(tapped)] + spec.files[1:]
+    sha = {k: v for k, v in spec.sha256.items() if k != spec.graph_file}
+    sha[str(tapped)] = sha256_of_file(artifact / tapped)
+    spec = replace(spec, files=files, sha256=sha, hidden_name=HIDDEN_OUTPUT)
+    session = ModelSession(artifact, spec, "cpu")
+    worst = 0.0
+    for prompt in ("The capital of France is", "Write a haiku about autumn leaves."):
+        ids = chat_ids(tokenizer, prompt)
+        _, onnx_hidden = session.forward(session.new_cache(len(ids)), ids, hidden=True)
+        with torch.no_grad():
+            reference = base_model(model)(input_ids=torch.tensor([ids])).last_hidden_state[0].float().numpy()
+        worst = max(worst, compare_hidden(onnx_hidden, reference))
+    atol = HIDDEN_ATOL.get(spec.weights_dtype)
+    report = {"max_hidden_diff": worst, "atol": atol, "passed": atol is None or worst <= atol}
+    progress(f"target: hidden state vs PyTorch max |diff| {worst:.2e}" + (f" (atol {atol:g})" if atol else ""))
+    if atol is not None and worst > atol:
+        (artifact / tapped).unlink(missing_ok=True)
+        raise ExportError(f"the tapped hidden state differs from PyTorch's by {worst:.3g} > {atol:g}: "
+                          "the tap is not the LM head's input")
+    return spec, report
+
+
+def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, deadline: float, work: Path,
+               progress: Progress) -> dict:
+    from specdec.exporter.distill.data import features_of, generate_answers, save_examples
+
+    eos = list(manifest.tokenizer.eos_token_ids)
+    started = time.monotonic()
+    heldout = generate_answers(model, tokenizer, heldout_prompts(config.heldout, config.seed), eos,
+                               config.max_new_tokens, 0.0, config.generate_batch, config.seed)
+    prompts = training_prompts(config.prompts or 100_000, config.seed)
+    conversations: dict[bool, list] = {False: [], True: []}
+    batch = config.generate_batch
+    chunk_index = 0
+    for first in range(0, len(prompts), batch):
+        if config.prompts is None and time.monotonic() > deadline:
+            break
+        sampled = (chunk_index * config.sampled_share) % 1.0 >= 1.0 - config.sampled_share - 1e-9 \
+            if 0 < config.sampled_share < 1 else config.sampled_share >= 1
+        chunk_index += 1
+        answers = generate_answers(model, tokenizer, prompts[first:first + batch], eos, config.max_new_tokens,
+                                   0.7 if sampled else 0.0, batch, config.seed + first)
+        conversations[sampled].extend(answers)
+        count = len(conversations[False]) + len(conversations[True])
+        tokens = sum(len(a) for group in conversations.values() for _, a in group)
+        rate = tokens / max(time.monotonic() - started, 1e-9)
+        progress(f"data: {count} answers, {tokens} answer tokens ({rate:.0f} tok/s)")
+    generate_seconds = time.monotonic() - started
+    progress("data: teacher-forced pass for the target's features")
+    examples = features_of(model, conversations[False], sampled=False) + features_of(model, conversations[True],
+                                                                                      sampled=True)
+    held = features_of(model, heldout, sampled=False)
+    save_examples(work / "train.npz", examples)
+    save_examples(work / "heldout.npz", held)
+    meta = {"prompts": len(examples), "greedy_answers": len(conversations[False]),
+            "sampled_answers": len(conversations[True]),
+            "answer_tokens": int(sum(len(e.ids) - e.answer_start for e in examples)),
+            "positions": int(sum(len(e.ids) for e in examples)),
+            "heldout_prompts": len(held), "heldout_answer_tokens": int(sum(len(e.ids) - e.answer_start for e in held)),
+            "generate_seconds": round(generate_seconds, 1), "data_seconds": round(time.monotonic() - started, 1)}
+    (work / "data.json").write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
+    """Train a draft head for the artifact's target and write it into the artifact; return the new manifest.
+
+    Raises ExportError (or another SpecdecError) on bad input; the artifact is unchanged unless
+    the run completes.
+    """
+    import torch
+
+    from specdec.exporter.distill.data import frequent_tokens, load_examples
+    from specdec.exporter.distill.draft_model import DraftHead, draft_config_for, export_draft_onnx
+    from specdec.exporter.distill.train import TrainSettings, TrainState, heldout_acceptance, train_head
+    from specdec.exporter.sources import load_source
+
+    manifest = check_config(config)
+    start = time.monotonic()
+    deadline = start + config.minutes * 60
+    artifact = Path(config.artifact)
+    device = _device(config.device)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    work = work_dir(artifact)
+    if not config.resume:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="specdec-distill-") as scratch:
+        progress(f"target: loading {manifest.target.source} into PyTorch")
+        loaded = load_source(manifest.target.source, Path(scratch) / "target", False, manifest.target.revision)
+        model, tokenizer = loaded.model.to(device).eval(), loaded.tokenizer
+        target_spec, hidden_report = _tap_target(artifact, manifest, model.cpu(), tokenizer, progress)
+        model.to(device)
+        if config.resume:
+            meta = json.loads((work / "data.json").read_text())
+            progress(f"resume: {meta['prompts']} conversations from {work}")
+        else:
+            meta = _make_data(config, manifest, model, tokenizer, start + config.data_share * config.minutes * 60,
+                              work, progress)
+        examples, heldout = load_examples(work / "train.npz"), load_examples(work / "heldout.npz")
+        vocab = min(manifest.tokenizer.vocab_size, manifest.target.vocab_size)
+        checkpoint = torch.load(work / "checkpoint.pt", weights_only=False) if config.resume else None
+        if checkpoint:
+            subset = checkpoint["subset"]
+        else:
+            subset = frequent_tokens(examples, config.subset_size, vocab, manifest.tokenizer.eos_token_ids)
+        draft_config = draft_config_for(model.config, len(subset), vocab)
+        head = DraftHead(draft_config, torch.from_numpy(subset))
+        head.init_from_target(model.cpu())
+        del model
+        head.to(device)
+        settings = TrainSettings(**config.settings)
+        state, optimizer_state = TrainState(), None
+        if checkpoint:
+            head.load_state_dict(checkpoint["head"])
+            state = TrainState(**checkpoint["state"])
+            optimizer_state = checkpoint["optimizer"]
+        untrained = heldout_acceptance(head, heldout, device) if not checkpoint else checkpoint["untrained"]
+        progress(f"train: held-out greedy agreement before training {untrained['first']:.3f} "
+                 f"(subset {len(subset)} ids covers {untrained['subset_coverage']:.1%} of the target's choices)")
+        reserve = 0.08 * config.minutes * 60 + 20  # export and the runtime check at the end
+
+        def report(state, row):
+            if row:
+                progress(f"train: step {state.step}, {state.tokens_seen} pair-tokens, {state.seconds / 60:.1f} min; "
+                         f"held-out acceptance first {row['first']:.3f} second {row['second']:.3f} (loss {row['loss']})")
+
+        state, optimizer_state = train_head(head, examples, heldout, settings, state, config.seed,
+                                            None if config.steps else deadline - reserve, config.steps,
+                                            optimizer_state, report)
+        final = heldout_acceptance(head, heldout, device)
+        state.curve.append({"step": state.step, "train_minutes": round(state.seconds / 60, 3),
+                            **{k: round(v, 4) if isinstance(v, float) else v for k, v in final.items()}})
+        progress(f"train: done, {state.step} steps; held-out acceptance first {final['first']:.3f}, "
+                 f"second {final['second']:.3f} (untrained {untrained['first']:.3f})")
+        torch.save({"head": head.state_dict(), "optimizer": optimizer_state, "state": asdict(state),
+                    "subset": subset, "untrained": untrained}, work / "checkpoint.pt")
+        training = {
+            "seed": config.seed, "steps": state.step, "train_minutes": round(state.seconds / 60, 2),
+            "wall_minutes": round((time.monotonic() - start) / 60, 2), "device": device,
+            "data": meta, "settings": asdict(settings), "draft_config": draft_config.as_dict(),
+            "heldout_acceptance": final, "untrained_heldout_acceptance": untrained, "curve": state.curve,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "reproduce": f"specdec distill ART --seed {config.seed} --prompts {meta['prompts']} --steps {state.step}",
+        }
+        return _write_head(artifact, manifest, target_spec, hidden_report, head.cpu(), subset, training, config,
+                           progress)
+
+
+def _write_head(artifact: Path, manifest: Manifest, target_spec: GraphSpec, hidden_report: dict, head,
+                subset: np.ndarray, training: dict, config: DistillConfig, progress: Progress) -> Manifest:
+    from specdec.exporter.distill.draft_model import export_draft_onnx
+
+    staging = Path(tempfile.mkdtemp(prefix=".eagle-", dir=artifact))
+    try:
+        export_draft_onnx(head, staging / "draft.onnx")
+        np.save(staging / "subset.npy", subset.astype(np.int64))
+        digest = hashlib.sha256((staging / "draft.onnx").read_bytes()).hexdigest()[:12]
+        folder = f"eagle-{digest}"
+        if (artifact / folder).exists():
+            shutil.rmtree(artifact / folder)
+        os.replace(staging, artifact / folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    files = [f"{folder}/draft.onnx", f"{folder}/subset.npy"]
+    spec = FeatureDraftSpec(
+        kind="eagle", files=files, sha256={f: sha256_of_file(artifact / f) for f in files},
+        hidden_size=head.config.hidden_size, num_kv_heads=head.config.num_kv_heads, head_dim=head.config.head_dim,
+        vocab_subset=len(subset), target_graph_sha256=target_spec.sha256[target_spec.graph_file], training=training)
+    updated = replace(manifest, target=target_spec, feature_draft=spec,
+                      validation={**manifest.validation, "target_hidden": hidden_report},
+                      runtime_defaults=replace(manifest.runtime_defaults, drafter="eagle"))
+    try:
+        runtime = runtime_acceptance(artifact, updated, config, progress)
+    except BaseException:
+        shutil.rmtree(artifact / folder, ignore_errors=True)
+        raise
+    spec = replace(spec, training={**training, "runtime_heldout": runtime})
+    updated = replace(updated, feature_draft=spec)
+    temporary = artifact / (MANIFEST_FILENAME + ".tmp")
+    temporary.write_text(json.dumps(updated.to_dict(), indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, artifact / MANIFEST_FILENAME)  # the commit point
+    _remove_unlisted(artifact, manifest, updated)
+    progress(f"wrote the draft head into {artifact} ({folder}); default drafter: eagle")
+    return updated
+
+
+def _remove_unlisted(artifact: Path, old: Manifest, new: Manifest) -> None:
+    """Delete files the old manifest listed (and earlier eagle folders) that the new one does not."""
+    listed = {f for g in new.graphs() for f in g.files} | set(new.feature_draft.files if new.feature_draft else [])
+    for graph in old.graphs():
+        for rel in graph.files[:1]:
+            if rel not in listed:
+                (artifact / rel).unlink(missing_ok=True)
+    keep = {Path(f).parts[0] for f in listed}
+    for folder in artifact.glob("eagle-*"):
+        if folder.name not in keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def runtime_acceptance(artifact: Path, manifest: Manifest, config: DistillConfig, progress: Progress) -> dict:
+    """Return acceptance measured with the runtime (greedy, K = 4) on held-out prompts: overall and per draft position."""
+    from specdec.runtime.engine import Engine, GenerationConfig
+
+    engine = Engine(artifact, manifest, "cpu", config.threads)
+    prompts = heldout_prompts(config.eval_prompts, config.seed + 7)
+    reached = np.zeros(4, np.int64)
+    accepted = np.zeros(4, np.int64)
+    drafted = kept = 0
+    for prompt in prompts:
+        def count(iteration):
+            nonlocal drafted, kept
+            if iteration.drafted:
+                drafted += len(iteration.drafted)
+                kept += iteration.num_accepted
+                tried = min(len(iteration.drafted), iteration.num_accepted + 1)
+                reached[:tried] += 1
+                accepted[:iteration.num_accepted] += 1
+        engine.generate(prompt, GenerationConfig(max_new_tokens=96, num_draft_tokens=4, drafter="eagle", chat=True),
+                        on_iteration=count)
+    per_position = [round(float(a) / r, 4) if r else None for a, r in zip(accepted, reached)]
+    result = {"prompts": len(prompts), "num_draft_tokens": 4, "alpha": round(kept / max(drafted, 1), 4),
+              "per_position": per_position}
+    progress(f"runtime check (held-out, greedy, K=4): {kept}/{drafted} drafts accepted, per position {per_position}")
+    return result

@@ -1,0 +1,176 @@
+"""Training the draft head on the target's features (PyTorch), under a time or step budget.
+
+Loss per pair (f_j, t_{j+1}) (EAGLE's, as the issue's probe ran it): SmoothL1 between the
+head's feature and the target's f_{j+1}, plus 0.1 x cross-entropy against the target's
+own distribution over the subset at j+1; the input feature gets uniform noise (+-0.1).
+One unrolled pass (HASS-style) feeds the head its own predicted features, as it will be
+fed from the second draft position on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdec.exporter.distill.data import Example
+from specdec.exporter.distill.draft_model import DraftHead
+
+MAX_WINDOW = 256  # positions per training sequence (longer answers are cut at a random offset)
+
+
+@dataclass
+class TrainSettings:
+    """How the head is trained; every field is recorded in the manifest."""
+
+    batch_size: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    ce_weight: float = 0.1  # the issue's probe
+    noise: float = 0.1  # uniform +-noise on input features
+    unroll_weight: float = 0.5  # loss weight of the pass fed with the head's own features (0: off)
+    warmup_steps: int = 20
+    eval_every_seconds: float = 30.0
+
+
+@dataclass
+class TrainState:
+    """Where training stands (saved in the checkpoint, for --resume)."""
+
+    step: int = 0
+    seconds: float = 0.0
+    tokens_seen: int = 0
+    curve: list[dict] = field(default_factory=list)  # held-out acceptance over training
+
+
+def _batch(examples: list[Example], picks: list[int], rng: np.random.Generator, device) -> dict[str, torch.Tensor]:
+    """Return padded tensors for the pairs of the picked examples (one window each)."""
+    windows = []
+    for i in picks:
+        ex = examples[i]
+        start = int(rng.integers(0, len(ex.ids) - MAX_WINDOW + 1)) if len(ex.ids) > MAX_WINDOW else 0
+        windows.append((ex, start, min(len(ex.ids), start + MAX_WINDOW)))
+    width = max(b - a for _, a, b in windows) - 1  # pairs per window
+    hidden_size = examples[0].features.shape[1]
+    out = {"hidden": np.zeros((len(picks), width, hidden_size), np.float32),
+           "target": np.zeros((len(picks), width, hidden_size), np.float32),
+           "ids": np.zeros((len(picks), width), np.int64), "pos": np.zeros((len(picks), width), np.int64),
+           "greedy": np.zeros((len(picks), width), np.int64), "mask": np.zeros((len(picks), width), np.float32),
+           "answer": np.zeros((len(picks), width), np.float32)}
+    for row, (ex, a, b) in enumerate(windows):
+        n = b - a - 1
+        out["hidden"][row, :n] = ex.features[a:b - 1]
+        out["target"][row, :n] = ex.features[a + 1:b]
+        out["ids"][row, :n] = ex.ids[a + 1:b]
+        out["pos"][row, :n] = np.arange(a, b - 1)
+        out["greedy"][row, :n] = ex.greedy_next[a + 1:b]
+        out["mask"][row, :n] = 1.0
+        out["answer"][row, :n] = np.arange(a + 1, b) >= ex.answer_start
+    return {k: torch.from_numpy(v).to(device) for k, v in out.items()}
+
+
+def _empty_past(head: DraftHead, batch: int, device) -> torch.Tensor:
+    c = head.config
+    return torch.zeros(batch, c.num_kv_heads, 0, c.head_dim, device=device)
+
+
+def _losses(head: DraftHead, b: dict[str, torch.Tensor], settings: TrainSettings, noise: bool) -> tuple:
+    past = _empty_past(head, b["ids"].shape[0], b["ids"].device)
+    inputs = b["hidden"]
+    if noise and settings.noise:
+        inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * settings.noise
+    logits, feature, _, _ = head(inputs, b["ids"], b["pos"], past, past)
+    mask = b["mask"]
+    with torch.no_grad():
+        target_probs = torch.softmax(head.lm_head(b["target"]), dim=-1)
+
+    def loss_of(logits, feature):
+        feat = nn.functional.smooth_l1_loss(feature, b["target"], reduction="none").mean(-1)
+        ce = -(target_probs * torch.log_softmax(logits, dim=-1)).sum(-1)
+        return ((feat + settings.ce_weight * ce) * mask).sum() / mask.sum()
+
+    loss = loss_of(logits, feature)
+    if settings.unroll_weight:
+        # Position j now reads the head's own guess of f_j (made at j-1), as a second draft step does.
+        fed = torch.cat([inputs[:, :1], feature[:, :-1]], dim=1)
+        logits2, feature2, _, _ = head(fed, b["ids"], b["pos"], past, past)
+        loss = loss + settings.unroll_weight * loss_of(logits2, feature2)
+    return loss, logits
+
+
+def heldout_acceptance(head: DraftHead, examples: list[Example], device) -> dict[str, float]:
+    """Return greedy agreement on held-out answers, teacher-forced: the head's argmax vs the target's.
+
+    "first": the first draft position (fed the target's feature); "second": fed its own
+    feature (an estimate of later positions); "subset_coverage": the share of the target's
+    choices the subset can propose at all.
+    """
+    head.eval()
+    hits = [0, 0]
+    total = 0
+    covered = 0
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for first in range(0, len(examples), 8):
+            b = _batch(examples, list(range(first, min(first + 8, len(examples)))), rng, device)
+            past = _empty_past(head, b["ids"].shape[0], device)
+            logits, feature, _, _ = head(b["hidden"], b["ids"], b["pos"], past, past)
+            fed = torch.cat([b["hidden"][:, :1], feature[:, :-1]], dim=1)
+            logits2, _, _, _ = head(fed, b["ids"], b["pos"], past, past)
+            weight = b["mask"] * b["answer"]
+            for index, lg in enumerate((logits, logits2)):
+                hits[index] += float(((head.subset_ids[lg.argmax(-1)] == b["greedy"]).float() * weight).sum())
+            covered += float((head.subset_index[b["greedy"]] < head.config.subset_size).float().mul(weight).sum())
+            total += float(weight.sum())
+    head.train()
+    total = max(total, 1.0)
+    return {"first": hits[0] / total, "second": hits[1] / total, "subset_coverage": covered / total,
+            "positions": int(total)}
+
+
+def train_head(head: DraftHead, examples: list[Example], heldout: list[Example], settings: TrainSettings,
+               state: TrainState, seed: int, deadline: float | None, max_steps: int | None,
+               optimizer_state: dict | None = None,
+               progress: Callable[[TrainState, dict | None], None] | None = None) -> tuple[TrainState, dict]:
+    """Train until `deadline` (time.monotonic()) or `max_steps` total steps; return (state, optimizer state).
+
+    Deterministic for a seed and a step count (the batch order is drawn from the seed and
+    the step number, so a resumed run draws what an uninterrupted one would have).
+    """
+    device = next(head.parameters()).device
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    if optimizer_state:
+        optimizer.load_state_dict(optimizer_state)
+    head.train()
+    last_eval = time.monotonic()
+    while (max_steps is None or state.step < max_steps) and (deadline is None or time.monotonic() < deadline):
+        started = time.monotonic()
+        rng = np.random.default_rng([seed, state.step])
+        torch.manual_seed(seed * 1_000_003 + state.step)
+        picks = rng.integers(0, len(examples), settings.batch_size).tolist()
+        batch = _batch(examples, picks, rng, device)
+        for group in optimizer.param_groups:
+            group["lr"] = settings.lr * min(1.0, (state.step + 1) / settings.warmup_steps)
+        loss, _ = _losses(head, batch, settings, noise=True)
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        state.step += 1
+        state.tokens_seen += int(batch["mask"].sum())
+        state.seconds += time.monotonic() - started
+        if progress and time.monotonic() - last_eval >= settings.eval_every_seconds:
+            last_eval = time.monotonic()
+            acceptance = heldout_acceptance(head, heldout, device)
+            state.curve.append({"step": state.step, "train_minutes": round(state.seconds / 60, 3),
+                                "loss": round(float(loss), 4), **{k: round(v, 4) if isinstance(v, float) else v
+                                                                  for k, v in acceptance.items()}})
+            progress(state, state.curve[-1])
+        elif progress and state.step % 10 == 0:
+            progress(state, None)
+    return state, optimizer.state_dict()
