@@ -126,12 +126,20 @@ def _convert_copy(source, out, keep_fp32):
     return replace(spec, kv_dtype="float16")
 
 
-def test_an_unguarded_conversion_fails_the_long_position_check(tmp_path):
-    """The same fp32 qwen2 graph converted both ways: rotary angles in fp16 drift by ~1 logit."""
+UNFUSED = sorted(family for family, kept in FAMILIES_KEPT_FP32.items() if any(kept))  # the guard's families
+
+
+def test_the_unguarded_families_are_the_unfused_ones():
+    assert UNFUSED == ["mistral", "phi3", "qwen2"]
+
+
+@pytest.mark.parametrize("family", UNFUSED)
+def test_an_unguarded_conversion_fails_the_long_position_check(tmp_path, family):
+    """The same fp32 graph converted both ways: rotary angles in fp16 drift by ~1 logit."""
     from specdec.exporter.fp32_islands import fp16_sensitive_nodes
     from specdec.exporter.long_positions import check_long_positions
 
-    folder, model = _long_model(tmp_path, "qwen2")
+    folder, model = _long_model(tmp_path, family)
     _export(folder, tmp_path / "fp32", "fp32")
     reports = {}
     for keep in (True, False):
