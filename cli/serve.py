@@ -99,6 +99,9 @@ def _serve_one_process(config, host: str, port: int, log_level: str) -> None:
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=config.shutdown_grace,
                                            access_log=log_level == "debug"))
     bound = sock.getsockname()[1]
+    note = config.oversubscription()
+    if note:
+        click.echo(f"note: {note}", err=True)
     click.echo(f"specdec serve: listening on http://{host}:{bound} (model '{config.served_model_name}', "
                f"{config.max_concurrency} concurrent x {config.engine_threads()} threads, queue {config.max_queue})")
     sys.stdout.flush()

@@ -50,3 +50,12 @@ class ServeConfig:
         if self.threads is not None:
             return self.threads
         return max(1, (cores or os.cpu_count() or 1) // self.max_concurrency)
+
+    def oversubscription(self, cores: int | None = None) -> str | None:
+        """Return a one-line note when threads x concurrent generations exceed the cores, else None."""
+        cores = cores or os.cpu_count() or 1
+        threads = self.engine_threads(cores)
+        if threads * self.max_concurrency <= cores:
+            return None
+        return (f"{threads} threads x {self.max_concurrency} concurrent generations > {cores} cores: the "
+                f"generations will compete for cores (leave --threads unset to size it to cores / concurrency)")

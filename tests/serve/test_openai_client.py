@@ -110,3 +110,31 @@ def test_speculative_counters_move_under_vllm_and_llamacpp_names(server):
     for name in ("vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
                  "vllm:inter_token_latency_seconds_count"):
         assert server.metric(name) > 0, name
+
+
+def test_streamed_completion_with_stop_and_usage_equals_the_non_streamed_one(server):
+    client = _client(server)
+    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
+    stop = full.strip()[2:5]
+    assert stop, full
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text == full[:full.index(stop)]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    # without include_usage no chunk carries usage
+    plain = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stream=True))
+    assert all(c.usage is None for c in plain) and plain[-1].choices[0].finish_reason == "length"
+
+
+def test_stats_in_response_is_a_server_default_a_request_can_turn_off(serve_engine, serve_artifact):
+    from tests.serve.conftest import live_server
+
+    with live_server(serve_engine, serve_artifact, stats_in_response=True) as live:
+        client = _client(live)
+        with_stats = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+        assert with_stats.model_extra["specdec"]["new_tokens"] == with_stats.usage.completion_tokens
+        without = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0,
+                                            extra_body={"specdec_stats": False})
+        assert "specdec" not in without.model_extra

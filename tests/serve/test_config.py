@@ -1,0 +1,45 @@
+"""ServeConfig: engine threads sized to the concurrency limit (threads x generations <= cores)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.models.errors import SpecdecError
+from specdec.serve import ServeConfig
+from specdec.serve.ray_app import check_local_resources, replica_config
+
+
+@pytest.mark.parametrize("cores, concurrency, threads", [(2, 1, 2), (2, 2, 1), (8, 3, 2), (2, 4, 1), (16, 4, 4)])
+def test_default_threads_fit_the_cores(cores, concurrency, threads):
+    config = ServeConfig(artifact="a", max_concurrency=concurrency)
+    assert config.engine_threads(cores) == threads
+    assert (config.oversubscription(cores) is None) == (threads * concurrency <= cores)
+
+
+def test_explicit_threads_are_kept_and_oversubscription_is_named():
+    config = ServeConfig(artifact="a", max_concurrency=2, threads=2)
+    assert config.engine_threads(2) == 2
+    assert "2 threads x 2 concurrent generations > 2 cores" in config.oversubscription(2)
+    assert ServeConfig(artifact="a", max_concurrency=2, threads=2).oversubscription(4) is None
+
+
+def test_ray_replicas_size_threads_to_their_cpus_and_must_fit_the_machine():
+    assert replica_config(ServeConfig(artifact="a"), 2.0).threads == 2
+    assert replica_config(ServeConfig(artifact="a", max_concurrency=2), 4.0).threads == 2
+    assert replica_config(ServeConfig(artifact="a"), 0.5).threads == 1
+    assert replica_config(ServeConfig(artifact="a", threads=3), 1.0).threads == 3
+    check_local_resources(2, 1.0, 0.0, cpus=2)
+    with pytest.raises(SpecdecError, match="2 replicas x 1.5 CPUs need 3 CPUs; this machine has 2"):
+        check_local_resources(2, 1.5, 0.0, cpus=2)
+    with pytest.raises(SpecdecError, match="--replica-cpus must be > 0"):
+        check_local_resources(1, 0.0, 0.0, cpus=2)
+
+
+def test_ray_with_more_replicas_than_cpus_is_one_line_error(serve_artifact):
+    from click.testing import CliRunner
+
+    from specdec.cli.main import main
+
+    result = CliRunner().invoke(main, ["serve", str(serve_artifact), "--ray", "--replicas", "64"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "64 replicas x 1 CPUs need 64 CPUs" in result.output
