@@ -7,7 +7,7 @@ ARTIFACT ?= artifacts/smollm2
 # A grounded prompt: the answer copies from the prompt, which is where prompt-lookup drafting shines.
 PROMPT ?= Rewrite this in simpler words, keeping every fact: The committee approved the budget on Tuesday after a long debate. The new budget increases funding for public libraries by ten percent and for school buses by five percent, and it cuts spending on road repairs.
 
-.PHONY: install test test-fast demo bench bench-quick bench-heldout anchors-genai device-kit clean
+.PHONY: install test test-fast demo bench bench-quick bench-heldout anchors-genai device-kit mutants clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# Plants each known speculative-decoding bug in a scratch copy of the sources and runs the tests that
+# must catch it; fails if one survives (tools/mutation_check.py, docs/TESTING.md). Not part of `make test`.
+mutants: $(STAMP)
+	$(BIN)/python tools/mutation_check.py
 
 # Export SmolLM2 once (skipped while the artifact's checksums match), then chat with it.
 $(ARTIFACT)/specdec.json: | $(STAMP)

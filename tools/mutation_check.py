@@ -264,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         outcomes = []
         if not args.no_baseline:
-            selectors = tuple(dict.fromkeys(s for m in mutants for s in m.tests))
+            whole = {s for m in mutants for s in m.tests if "::" not in s}  # a file run whole covers its nodes
+            selectors = tuple(dict.fromkeys(s for m in mutants for s in m.tests if s.split("::")[0] not in whole
+                                            or "::" not in s))
             print(f"baseline: {len(selectors)} test selections, unmutated ...", file=sys.stderr, flush=True)
             start = time.perf_counter()
             code, output = run_tests(scratch, env, selectors, args.timeout * 3)
