@@ -7,6 +7,25 @@ from dataclasses import dataclass
 
 from specdec.models.errors import SpecdecError
 
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "<quota> <period>" or "max <period>"
+
+
+def available_cores(cpu_max: str = CGROUP_CPU_MAX) -> int:
+    """Return the cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota.
+
+    os.cpu_count() counts the node's cores; in a container limited to 2 CPUs on a 64-core node
+    it would size 64 threads per generation.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -18,7 +37,7 @@ class ServeConfig:
     max_queue: int = 16  # requests waiting for a slot; one more gets 429 + Retry-After
     request_timeout: float = 300.0  # seconds from arrival (queue included) until a request is cut off
     max_tokens_default: int = 256  # max_tokens when the request sets none
-    # onnxruntime intra-op threads per generation; None: cores // max_concurrency, so that
+    # onnxruntime intra-op threads per generation; None: available_cores() // max_concurrency, so that
     # threads x concurrent generations <= cores (more only makes the runs fight for cores)
     threads: int | None = None
     provider: str = "auto"
@@ -49,11 +68,11 @@ class ServeConfig:
         """Return intra-op threads per generation: `threads`, else cores // max_concurrency (at least 1)."""
         if self.threads is not None:
             return self.threads
-        return max(1, (cores or os.cpu_count() or 1) // self.max_concurrency)
+        return max(1, (cores or available_cores()) // self.max_concurrency)
 
     def oversubscription(self, cores: int | None = None) -> str | None:
         """Return a one-line note when threads x concurrent generations exceed the cores, else None."""
-        cores = cores or os.cpu_count() or 1
+        cores = cores or available_cores()
         threads = self.engine_threads(cores)
         if threads * self.max_concurrency <= cores:
             return None

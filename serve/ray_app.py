@@ -17,7 +17,7 @@ import sys
 import threading
 
 from specdec.models.errors import MissingDependencyError, SpecdecError
-from specdec.serve.config import ServeConfig
+from specdec.serve.config import ServeConfig, available_cores
 
 # A local Ray's object store otherwise takes 30% of RAM; replicas pass only small HTTP bodies.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
@@ -55,7 +55,7 @@ def replica_config(config: ServeConfig, cpus_per_replica: float) -> ServeConfig:
 def check_local_resources(replicas: int, cpus_per_replica: float, gpus_per_replica: float,
                           cpus: int | None = None) -> None:
     """Raise SpecdecError when a local Ray could never place `replicas` (it would wait forever)."""
-    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    cpus = cpus if cpus is not None else available_cores()
     if cpus_per_replica <= 0:
         raise SpecdecError(f"--replica-cpus must be > 0, got {cpus_per_replica:g}")
     if gpus_per_replica < 0:
@@ -121,6 +121,26 @@ def build_app(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0,
             return create_app(self.config, load_in_background=False)
 
     return SpecdecReplica.bind(config)
+
+
+APP_ARGS = ("replicas", "replica_cpus", "replica_gpus")
+
+
+def app_builder(args: dict):
+    """Return the Ray Serve application from a config file's `args` (`serve run`, KubeRay's RayService).
+
+    `args` holds ServeConfig's fields (artifact required) plus replicas, replica_cpus and
+    replica_gpus; the import path is `specdec.serve.ray_app:app_builder`.
+    """
+    args = dict(args)
+    placement = {name: args.pop(name) for name in APP_ARGS if name in args}
+    fields = {f.name for f in dataclasses.fields(ServeConfig)}
+    unknown = sorted(set(args) - fields)
+    if unknown or "artifact" not in args:
+        raise SpecdecError(f"app_builder args: {'unknown ' + ', '.join(unknown) if unknown else 'artifact missing'}"
+                           f" (use {', '.join(sorted(fields | set(APP_ARGS)))})")
+    return build_app(ServeConfig(**args), int(placement.get("replicas", 1)),
+                     float(placement.get("replica_cpus", 1.0)), float(placement.get("replica_gpus", 0.0)))
 
 
 def free_port(host: str) -> int:

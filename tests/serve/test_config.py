@@ -43,3 +43,34 @@ def test_ray_with_more_replicas_than_cpus_is_one_line_error(serve_artifact):
     result = CliRunner().invoke(main, ["serve", str(serve_artifact), "--ray", "--replicas", "64"])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "64 replicas x 1 CPUs need 64 CPUs" in result.output
+
+
+def test_app_builder_takes_a_config_files_args():
+    pytest.importorskip("ray.serve")
+    from ray.serve import Application
+
+    from specdec.serve.ray_app import app_builder
+
+    app = app_builder({"artifact": "/models/smollm2", "replicas": 3, "replica_cpus": 2, "max_concurrency": 2})
+    assert isinstance(app, Application)
+    deployment = app._bound_deployment  # what Ray will place: 3 replicas of 2 CPUs, 2 generations x 1 thread each
+    assert deployment.num_replicas == 3 and deployment.ray_actor_options["num_cpus"] == 2.0
+    assert deployment.init_args[0].threads == 1 and deployment.max_ongoing_requests == 2 + 16
+    with pytest.raises(SpecdecError, match="unknown max_batch"):
+        app_builder({"artifact": "a", "max_batch": 4})
+    with pytest.raises(SpecdecError, match="artifact missing"):
+        app_builder({"replicas": 2})
+
+
+def test_available_cores_reads_the_cgroup_quota(tmp_path):
+    from specdec.serve.config import available_cores
+
+    affinity = available_cores(str(tmp_path / "absent"))
+    assert affinity >= 1
+    quota = tmp_path / "cpu.max"
+    quota.write_text("100000 100000\n")  # one CPU
+    assert available_cores(str(quota)) == 1
+    quota.write_text("max 100000\n")
+    assert available_cores(str(quota)) == affinity
+    quota.write_text("50000 100000\n")  # half a CPU still gets one thread
+    assert available_cores(str(quota)) == 1
