@@ -91,6 +91,8 @@ def _listeners(pids: set[int]) -> list[tuple[int, str, int]]:
             continue
     found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):  # a kernel without IPv6
+            continue
         with open(table) as f:
             for row in f.readlines()[1:]:
                 fields = row.split()
