@@ -265,6 +265,14 @@ def mismatches(cells: Sequence[Cell]) -> list[str]:
     return sorted(pid for pid, variants in texts.items() if len(variants) > 1)
 
 
+def _loadavg() -> str:
+    """Return the 1-minute load average as text (other work on the machine shows up here)."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "unknown"
+
+
 def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -363,6 +371,7 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
     cores = os.cpu_count() or 1
     per_round = [requests // repeats + (1 if r < requests % repeats else 0) for r in range(repeats)]
     started = time.monotonic()
+    load_before = _loadavg()
     cells: dict[tuple[str, str, int], Cell] = {}
     not_run: list[str] = []
     with ExitStack() as stack:
@@ -397,7 +406,8 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
         "setup": (f"{cores} cores; servers {', '.join(targets)}; {generations} concurrent generations per server "
                   f"(engine threads {max(1, cores // generations)} each); {len(cases)} prompts "
                   f"({Path(prompts_path or PROMPTS_FILE).name}), streamed greedy chat completions, max_tokens "
-                  f"{max_tokens}; {requests} requests per cell in {repeats} alternating rounds; closed-loop clients"),
+                  f"{max_tokens}; {requests} requests per cell in {repeats} alternating rounds; closed-loop clients; "
+                  f"machine load average {load_before} at the start, {_loadavg()} at the end"),
         "command": " ".join(["python -m specdec.benchmarks.serve_load", *sys.argv[1:]]),
         "equal_texts": "yes" if not differ else f"no: prompts {', '.join(differ)} differ",
         "not_run": not_run,
