@@ -7,7 +7,7 @@ ARTIFACT ?= artifacts/smollm2
 # A grounded prompt: the answer copies from the prompt, which is where prompt-lookup drafting shines.
 PROMPT ?= Rewrite this in simpler words, keeping every fact: The committee approved the budget on Tuesday after a long debate. The new budget increases funding for public libraries by ten percent and for school buses by five percent, and it cuts spending on road repairs.
 
-.PHONY: install test test-fast demo bench bench-quick bench-heldout anchors-genai device-kit mutants clean
+.PHONY: install test test-fast demo bench bench-quick bench-heldout anchors-genai device-kit distill mutants clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,15 @@ bench-quick: $(STAMP) $(ARTIFACT)/specdec.json
 bench-heldout: $(STAMP) $(ARTIFACT)/specdec.json
 	$(BIN)/specdec bench $(ARTIFACT) --prompts benchmarks/prompts-heldout.jsonl --no-anchors \
 		--output benchmarks/out/heldout --results benchmarks/RESULTS-heldout.md
+
+# A trained draft head for SmolLM2 (specdec distill, docs/DISTILL.md), in a copy of the artifact so the
+# plain one stays as exported. DISTILL_FLAGS=--resume trains on from the last run's data and checkpoint.
+DISTILL_ARTIFACT ?= artifacts/distill-smollm2
+MINUTES ?= 60
+SEED ?= 0
+distill: $(STAMP) $(ARTIFACT)/specdec.json
+	test -f $(DISTILL_ARTIFACT)/specdec.json || cp -r $(ARTIFACT) $(DISTILL_ARTIFACT)
+	$(BIN)/specdec distill $(DISTILL_ARTIFACT) --minutes $(MINUTES) --seed $(SEED) $(DISTILL_FLAGS)
 
 clean:
 	rm -rf $(VENV) artifacts benchmarks/out

@@ -304,6 +304,9 @@ main.add_command(bench)
 from specdec.cli.serve import serve  # noqa: E402
 
 main.add_command(serve)
+from specdec.cli.distill import distill  # noqa: E402
+
+main.add_command(distill)
 
 if __name__ == "__main__":
     main()

@@ -51,6 +51,7 @@ class DistillConfig:
     device: str = "auto"  # auto: CUDA when PyTorch sees one, else the CPU
     threads: int | None = None  # PyTorch and onnxruntime threads (None: all cores)
     eval_prompts: int = 4  # held-out prompts decoded with the runtime at the end (acceptance per position)
+    eval_tokens: int = 96  # tokens per such prompt
     settings: dict = field(default_factory=dict)  # TrainSettings overrides
 
 
@@ -221,6 +222,8 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
             state = TrainState(**checkpoint["state"])
             optimizer_state = checkpoint["optimizer"]
         untrained = heldout_acceptance(head, heldout, device) if not checkpoint else checkpoint["untrained"]
+        fit_sample = examples[:: max(1, len(examples) // 32)]  # how well it fits its own data, beside held-out
+        untrained_fit = heldout_acceptance(head, fit_sample, device) if not checkpoint else checkpoint.get("untrained_fit", {})
         progress(f"train: held-out greedy agreement before training {untrained['first']:.3f} "
                  f"(subset {len(subset)} ids covers {untrained['subset_coverage']:.1%} of the target's choices)")
         reserve = 0.08 * config.minutes * 60 + 20  # export and the runtime check at the end
@@ -234,17 +237,19 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
                                             None if config.steps else deadline - reserve, config.steps,
                                             optimizer_state, report)
         final = heldout_acceptance(head, heldout, device)
+        fit = heldout_acceptance(head, fit_sample, device)
         state.curve.append({"step": state.step, "train_minutes": round(state.seconds / 60, 3),
                             **{k: round(v, 4) if isinstance(v, float) else v for k, v in final.items()}})
         progress(f"train: done, {state.step} steps; held-out acceptance first {final['first']:.3f}, "
                  f"second {final['second']:.3f} (untrained {untrained['first']:.3f})")
         torch.save({"head": head.state_dict(), "optimizer": optimizer_state, "state": asdict(state),
-                    "subset": subset, "untrained": untrained}, work / "checkpoint.pt")
+                    "subset": subset, "untrained": untrained, "untrained_fit": untrained_fit}, work / "checkpoint.pt")
         training = {
             "seed": config.seed, "steps": state.step, "train_minutes": round(state.seconds / 60, 2),
             "wall_minutes": round((time.monotonic() - start) / 60, 2), "device": device,
             "data": meta, "settings": asdict(settings), "draft_config": draft_config.as_dict(),
             "heldout_acceptance": final, "untrained_heldout_acceptance": untrained, "curve": state.curve,
+            "train_fit": fit, "untrained_train_fit": untrained_fit,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "reproduce": f"specdec distill ART --seed {config.seed} --prompts {meta['prompts']} --steps {state.step}",
         }
@@ -310,6 +315,8 @@ def runtime_acceptance(artifact: Path, manifest: Manifest, config: DistillConfig
 
     engine = Engine(artifact, manifest, "cpu", config.threads)
     prompts = heldout_prompts(config.eval_prompts, config.seed + 7)
+    if not prompts:
+        return {}
     reached = np.zeros(4, np.int64)
     accepted = np.zeros(4, np.int64)
     drafted = kept = 0
@@ -322,7 +329,7 @@ def runtime_acceptance(artifact: Path, manifest: Manifest, config: DistillConfig
                 tried = min(len(iteration.drafted), iteration.num_accepted + 1)
                 reached[:tried] += 1
                 accepted[:iteration.num_accepted] += 1
-        engine.generate(prompt, GenerationConfig(max_new_tokens=96, num_draft_tokens=4, drafter="eagle", chat=True),
+        engine.generate(prompt, GenerationConfig(max_new_tokens=config.eval_tokens, num_draft_tokens=4, drafter="eagle", chat=True),
                         on_iteration=count)
     per_position = [round(float(a) / r, 4) if r else None for a, r in zip(accepted, reached)]
     result = {"prompts": len(prompts), "num_draft_tokens": 4, "alpha": round(kept / max(drafted, 1), 4),

@@ -1,0 +1,131 @@
+"""specdec distill on a tiny target: the tap, the data's prompts, training, the artifact it writes."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec.exporter.distill.prompts import HELDOUT_TOPICS, TOPICS, heldout_prompts, training_prompts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def _bench_and_test_prompts(open_only: bool = False) -> list[str]:
+    prompts = []
+    for path in sorted((ROOT / "benchmarks").glob("prompts*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        prompts += [row["prompt"] for row in rows if not open_only or row.get("group") == "open"]
+    from tests.runtime.test_exactness import PROMPTS
+
+    if open_only:
+        return prompts + PROMPTS
+    return prompts + PROMPTS + [ROOT.joinpath("Makefile").read_text().split("PROMPT ?= ")[1].splitlines()[0]]
+
+
+def test_training_prompts_are_disjoint_from_bench_and_test_prompts():
+    others = _bench_and_test_prompts()
+    assert len(others) >= 18
+    ours = training_prompts(100_000, seed=0) + heldout_prompts(1000, seed=0)
+    assert len(ours) == len(set(ours)) > 4000
+    other_shingles = set().union(*(_shingles(p) for p in others))
+    overlapping = [p for p in ours if _shingles(p) & other_shingles or p in others]
+    assert not overlapping, overlapping[:5]
+    # Held-out topics are unseen in training, and no open bench or test prompt is about a topic (words of a
+    # topic do occur inside the grounded prompts' passages: "sharks", "sleep"; their phrases do not, above).
+    assert not set(TOPICS) & set(HELDOUT_TOPICS)
+    for topic in TOPICS + HELDOUT_TOPICS:
+        assert not any(re.search(rf"\b{re.escape(topic.lower())}\b", p.lower())
+                       for p in _bench_and_test_prompts(open_only=True)), topic
+
+
+def test_prompts_are_deterministic_for_a_seed():
+    assert training_prompts(50, seed=3) == training_prompts(50, seed=3) != training_prompts(50, seed=4)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_hidden_tap_is_the_lm_head_input(tiny_sources, tiny_artifacts, tmp_path, family):
+    """The tapped output equals PyTorch's last hidden state (after the final norm), and logits = hidden @ W."""
+    import torch
+    from dataclasses import replace
+    from transformers import AutoModelForCausalLM
+
+    from specdec.exporter.distill.hidden_tap import HIDDEN_OUTPUT, add_hidden_output
+    from specdec.models.manifest import load_manifest
+    from specdec.runtime.session import ModelSession
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifacts[family], art)
+    manifest = load_manifest(art)
+    add_hidden_output(art / manifest.target.graph_file, art / "target" / "tapped.onnx")
+    spec = replace(manifest.target, files=["target/tapped.onnx"] + manifest.target.files[1:], hidden_name=HIDDEN_OUTPUT)
+    session = ModelSession(art, spec, "cpu", threads=1)
+    model = AutoModelForCausalLM.from_pretrained(tiny_sources[family][0]).eval()
+    ids = [5, 17, 42, 9, 100, 7]
+    cache = session.new_cache(16)
+    logits, hidden = session.forward(cache, ids[:4], hidden=True)
+    step_logits, step_hidden = session.forward(cache, ids[4:], hidden=True)  # on a cache: the verify path
+    with torch.no_grad():
+        reference = getattr(model, model.base_model_prefix)(input_ids=torch.tensor([ids])).last_hidden_state[0].numpy()
+    weight = model.get_output_embeddings().weight.detach().numpy()
+    assert hidden.shape == (4, reference.shape[1]) and step_hidden.shape == (2, reference.shape[1])
+    assert np.abs(np.concatenate([hidden, step_hidden]) - reference).max() < 1e-4
+    assert np.abs(logits - hidden @ weight.T[:, : logits.shape[1]]).max() < 1e-3
+
+
+def test_distill_writes_a_head_the_manifest_describes(distilled_artifact):
+    from specdec.models.manifest import load_manifest
+
+    manifest = load_manifest(distilled_artifact)  # every sha256 checked, the head's files included
+    head = manifest.feature_draft
+    assert head.kind == "eagle" and manifest.runtime_defaults.drafter == "eagle"
+    assert manifest.target.hidden_name and head.target_graph_sha256 == manifest.target.sha256[manifest.target.graph_file]
+    record = head.training
+    assert record["seed"] == 0 and record["steps"] == 60 and record["data"]["prompts"] == 16
+    assert record["data"]["answer_tokens"] > 0 and record["heldout_acceptance"]["positions"] > 0
+    assert manifest.validation["target_hidden"]["max_hidden_diff"] < 1e-3
+    # Only the files the manifest names are left: the untapped graph is gone.
+    listed = set(manifest.tokenizer.files) | set(head.files) | {f for g in manifest.graphs() for f in g.files}
+    on_disk = {str(p.relative_to(distilled_artifact)) for p in distilled_artifact.rglob("*") if p.is_file()}
+    assert on_disk - listed == {"specdec.json"}
+
+
+def test_trained_head_beats_the_untrained_one(distilled_artifact):
+    """On the tiny random target the head fits its data far better after training; held-out is not
+    required to improve here (a random target has little structure to generalise), only on SmolLM2."""
+    from specdec.models.manifest import load_manifest
+
+    record = load_manifest(distilled_artifact).feature_draft.training
+    assert record["train_fit"]["first"] > record["untrained_train_fit"]["first"] + 0.1, record
+
+
+def test_training_is_deterministic_for_a_seed():
+    """Same seed, data and step count: identical weights (the batch order comes from the seed and step)."""
+    import torch
+
+    from specdec.exporter.distill.data import Example
+    from specdec.exporter.distill.draft_model import DraftConfig, DraftHead
+    from specdec.exporter.distill.train import TrainSettings, TrainState, train_head
+
+    rng = np.random.default_rng(0)
+    examples = [Example(rng.integers(0, 50, 20), rng.standard_normal((20, 16)).astype(np.float16),
+                        rng.integers(0, 50, 20), 5, False) for _ in range(6)]
+    config = DraftConfig(16, 2, 1, 8, 32, 10000.0, 1e-6, 50, 40)
+
+    def run(seed):
+        torch.manual_seed(seed)
+        head = DraftHead(config, torch.arange(40))
+        train_head(head, examples, examples[:2], TrainSettings(batch_size=3), TrainState(), seed, None, 8)
+        return torch.cat([p.detach().flatten() for p in head.parameters()])
+
+    assert torch.equal(run(1), run(1))
+    assert not torch.equal(run(1), run(2))
