@@ -28,6 +28,13 @@ ACCEPTANCE = "tests/runtime/test_acceptance.py"
 SAMPLED_MODEL = EXACTNESS + "::test_sampled_speculative_matches_target_distribution[model-settings0-2]"
 SAMPLED_MODEL_TOP_P = EXACTNESS + "::test_sampled_speculative_matches_target_distribution[model-settings1-3]"
 SAMPLED_NGRAM = EXACTNESS + "::test_sampled_speculative_matches_target_distribution[ngram-settings2-2]"
+GREEDY_MODEL = EXACTNESS + "::test_greedy_speculative_equals_target_only[model-llama]"
+GREEDY_MODEL_CONCAT = EXACTNESS + "::test_greedy_speculative_equals_target_only[model-gpt2]"  # a sliced KV cache
+DRAFTS_CONTINUE = EXACTNESS + "::test_model_drafts_are_the_draft_models_own_greedy_continuation"
+DRAFT_CATCH_UP = EXACTNESS + "::test_draft_cache_catches_up_on_exactly_what_it_has_not_seen"
+SELF_DRAFT = EXACTNESS + "::test_draft_equal_to_target_accepts_everything"
+MAX_NEW_TOKENS = EXACTNESS + "::test_max_new_tokens_is_exact"
+EOS_IN_BLOCK = EXACTNESS + "::test_eos_inside_an_accepted_block_ends_the_counts_there"
 
 
 @dataclass(frozen=True)
@@ -72,32 +79,38 @@ MUTANTS: tuple[Mutant, ...] = (
            "q_token = 1.0 if draft_probs is None", "q_token = 0.5 if draft_probs is None", (ACCEPTANCE,)),
     Mutant("target KV rollback keeps one position too many", "runtime/loop.py",
            "cache.rollback(len(context) + verdict.num_accepted)",
-           "cache.rollback(min(len(context) + verdict.num_accepted + 1, cache.length))", (EXACTNESS,)),
+           "cache.rollback(min(len(context) + verdict.num_accepted + 1, cache.length))", (GREEDY_MODEL,)),
     Mutant("target KV rollback drops one position too many", "runtime/loop.py",
            "cache.rollback(len(context) + verdict.num_accepted)",
-           "cache.rollback(len(context) + verdict.num_accepted - 1)", (EXACTNESS,)),
+           "cache.rollback(len(context) + verdict.num_accepted - 1)", (GREEDY_MODEL,)),
+    Mutant("concat KV crop keeps one position too many", "runtime/kv_cache.py",
+           'binding.bind_cpu_input("keep", np.array([keep], dtype=np.int64))',
+           'binding.bind_cpu_input("keep", np.array([keep + 1], dtype=np.int64))', (GREEDY_MODEL_CONCAT,)),
+    Mutant("concat KV crop drops one position too many", "runtime/kv_cache.py",
+           'binding.bind_cpu_input("keep", np.array([keep], dtype=np.int64))',
+           'binding.bind_cpu_input("keep", np.array([keep - 1], dtype=np.int64))', (GREEDY_MODEL_CONCAT,)),
     Mutant("draft KV rollback keeps one position too many", "runtime/drafters.py",
            "        self.cache.rollback(valid)", "        self.cache.rollback(min(valid + 1, len(cached)))",
-           (EXACTNESS,)),
+           (DRAFTS_CONTINUE, GREEDY_MODEL)),
     Mutant("draft KV rollback drops one position too many", "runtime/drafters.py",
-           "        self.cache.rollback(valid)", "        self.cache.rollback(max(valid - 1, 0))", (EXACTNESS,)),
+           "        self.cache.rollback(valid)", "        self.cache.rollback(max(valid - 1, 0))", (DRAFT_CATCH_UP,)),
     Mutant("overshooting max_new_tokens (K not capped by what is left)", "runtime/loop.py",
            "request.max_new_tokens - generated - 1,", "request.max_new_tokens - generated,",
-           (EXACTNESS + "::test_max_new_tokens_is_exact",)),
+           (MAX_NEW_TOKENS,)),
     Mutant("overshooting max_new_tokens (stops one token late)", "runtime/loop.py",
            "elif generated >= request.max_new_tokens:", "elif generated > request.max_new_tokens:",
-           (EXACTNESS + "::test_max_new_tokens_is_exact",)),
+           (MAX_NEW_TOKENS,)),
     Mutant("acceptance rate counting bonus tokens (in accepted)", "runtime/stats.py",
            "self.accepted += iteration.num_accepted", "self.accepted += iteration.num_accepted + int(iteration.is_bonus)",
-           (EXACTNESS + "::test_draft_equal_to_target_accepts_everything", EXACTNESS)),
+           (SELF_DRAFT,)),
     Mutant("acceptance rate counting bonus tokens (in the rate)", "runtime/stats.py",
            "return self.accepted / self.drafted if self.drafted else 0.0",
            "return (self.accepted + self.bonus_tokens) / self.drafted if self.drafted else 0.0",
-           (EXACTNESS + "::test_draft_equal_to_target_accepts_everything", EXACTNESS)),
+           (SELF_DRAFT,)),
     Mutant("accepted count past EOS", "runtime/loop.py",
            "committed=iteration.committed[: index + 1], num_accepted=index + 1,",
            "committed=iteration.committed[: index + 1], num_accepted=iteration.num_accepted,",
-           (EXACTNESS + "::test_eos_inside_an_accepted_block_ends_the_counts_there", EXACTNESS)),
+           (EOS_IN_BLOCK,)),
 )
 
 
