@@ -38,6 +38,7 @@ class AcceptanceEstimate:
     tests: float = 0.0  # EWMA of acceptance tests per iteration
     plain_left: int = 0  # iterations in this situation still to decode plainly
     probe_next: bool = False  # probe with a short draft next time in this situation
+    cost_ratio: float | None = None  # c of drafting here (cost_per_situation only; None: not measured yet)
 
 
 @dataclass
@@ -61,7 +62,12 @@ class AdaptiveDraftLength:
     call_costs: TargetCallCosts = field(default_factory=TargetCallCosts)
     cooldown: int = 16  # plain iterations (in one situation) before probing again
     probe_k: int = 2
+    # One c per situation, from the drafting time each iteration spent per drafted token: for a
+    # drafter that serves situations differently (runtime/combined.py: prompt lookup costs ~0,
+    # a model draft ~c), one shared c would misprice every situation.
+    cost_per_situation: bool = False
     _estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
+    _seen_drafts: bool = False  # the first drafted iteration also carries the draft's prefill
 
     def estimate(self, situation: str = ANY_SITUATION) -> AcceptanceEstimate:
         """Return the acceptance estimate kept for `situation` (the starting guess if it is new)."""
@@ -78,14 +84,24 @@ class AdaptiveDraftLength:
         if state.probe_next:
             state.probe_next = False
             return min(self.probe_k, self.max_k)
-        costs = self.call_costs.table(self.max_k + 1)
-        k, speedup = best_draft_length(state.alpha, self.cost_ratio, self.max_k, call_cost=costs.__getitem__)
+        k, speedup = self.best(situation)
         if k == 0 or speedup < 1.0:
             # This iteration and `cooldown - 1` more are plain; then one probe re-measures alpha.
             state.plain_left = self.cooldown - 1
             state.probe_next = True
             return 0
         return k
+
+    def situation_cost(self, situation: str = ANY_SITUATION) -> float:
+        """Return c for drafting in `situation`: its own (cost_per_situation, once measured), else the shared one."""
+        own = self.estimate(situation).cost_ratio if self.cost_per_situation else None
+        return self.cost_ratio if own is None else own
+
+    def best(self, situation: str = ANY_SITUATION) -> tuple[int, float]:
+        """Return (K, expected speedup) maximising Theorem 3.8 under `situation`'s alpha and c (K=0: plain)."""
+        costs = self.call_costs.table(self.max_k + 1)
+        return best_draft_length(self.estimate(situation).alpha, self.situation_cost(situation), self.max_k,
+                                 call_cost=costs.__getitem__)
 
     def observe(self, iteration: "Iteration") -> None:
         """Update the estimates from one iteration: its situation's alpha, c, and the target call's cost."""
@@ -108,3 +124,11 @@ class AdaptiveDraftLength:
             state.alpha = state.accepted / state.tests
         if cost_ratio is not None:
             self.cost_ratio += self.smoothing * (cost_ratio - self.cost_ratio)
+        if self.cost_per_situation and iteration.drafted and target_seconds > 0:
+            if self._seen_drafts:
+                one_token = self.call_costs.one_token_seconds(target_tokens, target_seconds)
+                measured = iteration.draft_seconds / len(iteration.drafted) / one_token
+                state = self.estimate(situation)
+                state.cost_ratio = measured if state.cost_ratio is None else \
+                    state.cost_ratio + self.smoothing * (measured - state.cost_ratio)
+            self._seen_drafts = True

@@ -15,6 +15,7 @@ from specdec.models.manifest import Manifest, load_manifest
 from specdec.runtime.calibration import calibrate
 from specdec.runtime.config import DEFAULT_DRAFT_TOKENS, GenerationConfig, check_token_ids
 from specdec.runtime.call_costs import TargetCallCosts
+from specdec.runtime.combined import CombinedDrafter
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec.runtime.eagle import EagleDrafter, EagleHead
@@ -148,7 +149,7 @@ class Engine:
         "auto" is what `specdec tune` stored, else the draft model if there is one, else n-gram.
         Raises GenerationError when "model" is asked of an artifact without a draft model.
         """
-        if requested == "model" and self.draft is None:
+        if requested in ("model", "ngram+model") and self.draft is None:
             raise GenerationError("this artifact has no draft model; use drafter 'ngram' or 'none'")
         if requested == "eagle" and self.eagle is None:
             raise GenerationError("this artifact has no trained draft head; build one with `specdec distill`")
@@ -163,9 +164,12 @@ class Engine:
             return None
         if kind == "eagle" and self.eagle is not None:
             return EagleDrafter(self.eagle, config.sampling, rng)
-        if kind == "model" and self.draft is not None:
-            return ModelDrafter(self.draft, config.sampling, rng,
-                                capacity=prompt_length + config.max_new_tokens + MAX_DRAFT_ROOM)
+        if kind in ("model", "ngram+model") and self.draft is not None:
+            model = ModelDrafter(self.draft, config.sampling, rng,
+                                 capacity=prompt_length + config.max_new_tokens + MAX_DRAFT_ROOM)
+            if kind == "model":
+                return model
+            return CombinedDrafter(NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max), model)
         return NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max)
 
     def _draft_length(self, config: GenerationConfig) -> tuple[FixedDraftLength | AdaptiveDraftLength, str]:
@@ -173,7 +177,10 @@ class Engine:
         if k is None:
             k = self.manifest.runtime_defaults.num_draft_tokens or DEFAULT_DRAFT_TOKENS
         if k == "auto":
-            return AdaptiveDraftLength(max_k=config.max_draft_tokens_auto, call_costs=self.target_call_costs), "auto"
+            # A combined drafter serves situations at different costs (runtime/combined.py): one c each.
+            combined = self.drafter_kind(config.drafter).startswith("ngram+")
+            return AdaptiveDraftLength(max_k=config.max_draft_tokens_auto, call_costs=self.target_call_costs,
+                                       cost_per_situation=combined), "auto"
         return FixedDraftLength(int(k)), str(k)
 
     def _calibrate_call_costs(self, context: list[int], max_tokens: int) -> None:

@@ -73,7 +73,8 @@ def test_wrong_type_is_named(artifact_copy):
     ({"verify_cost": "0.1"}, "verify_cost' should be int/float"),
     ({"target_call_costs": [1.0, "1.1"]}, "target_call_costs' should be a list of positive numbers"),
     ({"target_call_costs": [1.0, -1.1]}, "target_call_costs' should be a list of positive numbers"),
-    ({"drafter": "eagle"}, "drafter' should be one of model, ngram, none, got 'eagle'"),
+    # The list grows with the drafters (and holds a regex character, "ngram+model"): its start is checked.
+    ({"drafter": "medusa"}, "drafter' should be one of model, ngram"),
     ({"tuned": [0.5]}, "tuned' should be dict"),
 ])
 def test_bad_runtime_defaults_are_named(artifact_copy, defaults, message):
