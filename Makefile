@@ -83,6 +83,14 @@ $(GENAI_MODEL)/genai_config.json: $(GENAI_VENV)/.installed | $(STAMP)
 
 anchors-genai: $(GENAI_MODEL)/genai_config.json
 
+# genai's int4 build of the same model (its builder's defaults for -p int4 -e cpu), the anchor of benchmarks/RESULTS-int4.md.
+GENAI_INT4_MODEL := benchmarks/out/smollm2-genai-int4
+$(GENAI_INT4_MODEL)/genai_config.json: $(GENAI_MODEL)/genai_config.json
+	$(GENAI_VENV)/bin/python -m onnxruntime_genai.models.builder -i benchmarks/out/smollm2-hf -o $(GENAI_INT4_MODEL) -p int4 -e cpu
+	$(BIN)/python -m specdec.benchmarks.genai_anchor fix-tokenizer $(GENAI_INT4_MODEL)
+
+anchors-genai-int4: $(GENAI_INT4_MODEL)/genai_config.json
+
 # The full benchmark, anchors included; regenerates benchmarks/RESULTS.md.
 # Step times also need the plain optimum graph: a second, unoptimized export of the same model.
 $(ARTIFACT)-plain/specdec.json: | $(STAMP)
