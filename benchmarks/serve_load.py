@@ -70,6 +70,7 @@ class Cell:
     concurrency: int
     records: list[Record] = field(default_factory=list)
     seconds: float = 0.0  # wall time of the cell's rounds, summed
+    cpu_seconds: float | None = None  # CPU time of the server's processes over those rounds (servers started here)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -89,6 +90,9 @@ def summarize(cell: Cell) -> dict[str, Any]:
         "server": cell.server, "drafter": cell.drafter, "concurrency": cell.concurrency,
         "requests": len(cell.records), "errors": len(cell.records) - len(done), "tokens": tokens,
         "seconds": cell.seconds, "tokens_per_second": tokens / cell.seconds if cell.seconds > 0 else None,
+        # CPU the server got: cores used on average, and CPU per generated token (its work, whatever it waited)
+        "server_cores": cell.cpu_seconds / cell.seconds if cell.cpu_seconds is not None and cell.seconds else None,
+        "server_cpu_ms_per_token": 1000 * cell.cpu_seconds / tokens if cell.cpu_seconds is not None and tokens else None,
         "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
         "e2e_p50": percentile(e2e, 50), "e2e_p99": percentile(e2e, 99),
         # decode calls only: the prefill is one call per request whatever the drafter
@@ -232,6 +236,10 @@ class ServerProcess:
             time.sleep(0.2)
         raise SpecdecError(f"{self.kind} server at {self.url} never became healthy")
 
+    def cpu_seconds(self) -> float:
+        """Return the user + system CPU seconds of the server's live process tree (Ray's processes included)."""
+        return tree_cpu_seconds(self.proc.pid)
+
     def stop(self, timeout: float = 120.0) -> None:
         """SIGTERM the server and wait; kill its process group if it has not exited in `timeout` seconds."""
         if self.proc.poll() is None:
@@ -241,6 +249,35 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """Return the CPU seconds (user + system) of `root` and its live descendants, read from /proc (0 elsewhere)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    total, todo, seen = 0.0, [root], set()
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += times.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
 
 
 def rounds(servers: Sequence[str], drafters: Sequence[str], concurrency: Sequence[int], repeats: int
@@ -282,8 +319,8 @@ def markdown(summaries: Sequence[dict[str, Any]], setup: dict[str, Any]) -> str:
     base = {(s["server"], s["concurrency"]): s for s in summaries if s["drafter"] == "none"}
     lines = [f"Setup: {setup['setup']}", "", f"Command: `{setup['command']}`", "",
              "| server | clients | decoding | requests | tok/s | vs target-only | TTFT p50 s | TTFT p99 s "
-             "| e2e p50 s | e2e p99 s | tokens/target call |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| e2e p50 s | e2e p99 s | tokens/target call | server cores | server CPU ms/token |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summaries:
         ref = base.get((s["server"], s["concurrency"]))
         ratio = (s["tokens_per_second"] / ref["tokens_per_second"]
@@ -292,7 +329,8 @@ def markdown(summaries: Sequence[dict[str, Any]], setup: dict[str, Any]) -> str:
         lines.append(f"| {s['server']} | {s['concurrency']} | {DRAFTER_LABELS.get(s['drafter'], s['drafter'])} "
                      f"| {requests} | {_fmt(s['tokens_per_second'], 1)} | {_fmt(ratio) + 'x' if ratio else '-'} "
                      f"| {_fmt(s['ttft_p50'])} | {_fmt(s['ttft_p99'])} | {_fmt(s['e2e_p50'])} | {_fmt(s['e2e_p99'])} "
-                     f"| {_fmt(s['tokens_per_target_call'])} |")
+                     f"| {_fmt(s['tokens_per_target_call'])} | {_fmt(s.get('server_cores'))} "
+                     f"| {_fmt(s.get('server_cpu_ms_per_token'), 0)} |")
     lines += ["", f"Greedy texts equal across drafters and servers: {setup['equal_texts']}"]
     if setup.get("not_run"):
         lines.append(f"Not run (time limit): {', '.join(setup['not_run'])}")
@@ -374,12 +412,14 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
     load_before = _loadavg()
     cells: dict[tuple[str, str, int], Cell] = {}
     not_run: list[str] = []
+    started_here: dict[str, ServerProcess] = {}
     with ExitStack() as stack:
         for kind in kinds:
             click.echo(f"starting the {kind} server ...", err=True)
             server = ServerProcess(kind, artifact, generations, cores)
             stack.callback(server.stop)
             targets[kind] = server.wait_ready()
+            started_here[kind] = server
         for name, url in targets.items():  # warm-up: the first request of a drafter loads and calibrates
             for drafter in drafter_list:
                 asyncio.run(run_round(url, model, cases, drafter, 1, 1, 0, 8, num_draft_tokens))
@@ -389,14 +429,19 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
             if time.monotonic() - started > time_limit:
                 not_run.append(f"{name}/{drafter}/c{c}/round{repeat + 1}")
                 continue
+            process = started_here.get(name)
+            cpu_before = process.cpu_seconds() if process else None
             # rounds start at different prompts, so each round's first requests are not always the same ones
             records, seconds = asyncio.run(run_round(targets[name], model, cases, drafter, c, per_round[repeat],
                                                      repeat * c, max_tokens, num_draft_tokens))
             cell.records += records
             cell.seconds += seconds
+            if process is not None:
+                cell.cpu_seconds = (cell.cpu_seconds or 0.0) + process.cpu_seconds() - cpu_before
             failed = sum(not r.ok for r in records)
             click.echo(f"  {name:8s} {drafter:6s} clients {c:2d} round {repeat + 1}: {len(records)} requests "
                        f"in {seconds:6.1f} s, {sum(r.tokens for r in records) / seconds:6.1f} tok/s"
+                       + (f", server CPU {cell.cpu_seconds:.1f} s so far" if process is not None else "")
                        + (f", {failed} failed ({records[[r.ok for r in records].index(False)].error})"
                           if failed else ""), err=True)
     summaries = [summarize(cells[key]) for key in sorted(cells, key=lambda k: (list(targets).index(k[0]), k[2],

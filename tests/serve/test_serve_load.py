@@ -74,3 +74,24 @@ def test_a_short_run_against_the_live_server(server, tmp_path):
     saved = json.loads((tmp_path / "out" / "serve_load.json").read_text())
     assert sum(len(c["records"]) for c in saved["cells"]) == 12
     assert "| tiny | 3 | draft model | 3 |" in (tmp_path / "out" / "serve_load.md").read_text()
+
+
+def test_tree_cpu_seconds_counts_children(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    if not os.path.isdir("/proc"):
+        pytest.skip("reads /proc")
+    # a parent that sleeps, with a child that burns CPU until killed: the child's CPU counts for the parent's tree
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                               "'-c', 'while True: pass']); time.sleep(60)"], start_new_session=True)
+    try:
+        end = time.monotonic() + 30
+        while serve_load.tree_cpu_seconds(parent.pid) < 0.3 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert serve_load.tree_cpu_seconds(parent.pid) >= 0.3
+    finally:
+        os.killpg(parent.pid, 9)
+        parent.wait()
