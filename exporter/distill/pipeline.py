@@ -150,6 +150,9 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
         rate = tokens / max(time.monotonic() - started, 1e-9)
         progress(f"data: {count} answers, {tokens} answer tokens ({rate:.0f} tok/s)")
     generate_seconds = time.monotonic() - started
+    if not conversations[False] and not conversations[True]:
+        raise ExportError("no training data was made within the data share of the budget (the held-out answers "
+                          "took it): give more --minutes, or --prompts N")
     progress("data: teacher-forced pass for the target's features")
     examples = features_of(model, conversations[False], sampled=False) + features_of(model, conversations[True],
                                                                                       sampled=True)
@@ -331,7 +334,7 @@ def runtime_acceptance(artifact: Path, manifest: Manifest, config: DistillConfig
                 accepted[:iteration.num_accepted] += 1
         engine.generate(prompt, GenerationConfig(max_new_tokens=config.eval_tokens, num_draft_tokens=4, drafter="eagle", chat=True),
                         on_iteration=count)
-    per_position = [round(float(a) / r, 4) if r else None for a, r in zip(accepted, reached)]
+    per_position = [round(float(a) / int(r), 4) if r else None for a, r in zip(accepted, reached)]
     result = {"prompts": len(prompts), "num_draft_tokens": 4, "alpha": round(kept / max(drafted, 1), 4),
               "per_position": per_position}
     progress(f"runtime check (held-out, greedy, K=4): {kept}/{drafted} drafts accepted, per position {per_position}")

@@ -129,3 +129,35 @@ def test_training_is_deterministic_for_a_seed():
 
     assert torch.equal(run(1), run(1))
     assert not torch.equal(run(1), run(2))
+
+
+def test_resume_trains_on_from_the_checkpoint(distilled_artifact, tmp_path):
+    """--resume reuses the data and checkpoint beside the artifact: the step count goes on from 60."""
+    from dataclasses import replace as copy_with
+
+    from specdec.exporter.distill.pipeline import DistillConfig, run_distill, work_dir
+    from tests.distill.conftest import TINY_DISTILL
+
+    art = tmp_path / "art"
+    shutil.copytree(distilled_artifact, art)
+    shutil.copytree(work_dir(distilled_artifact), work_dir(art))
+    config = copy_with(DistillConfig(artifact=art, **TINY_DISTILL), resume=True, steps=64, eval_prompts=0)
+    record = run_distill(config, progress=lambda message: None).feature_draft.training
+    assert record["steps"] == 64 and record["data"]["prompts"] == 16
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--minutes", "0"], "--minutes must be > 0"),
+    (["--resume"], "nothing to resume"),
+])
+def test_bad_distill_runs_are_refused_in_one_line(tiny_target_only_artifact, tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from specdec.cli.main import main
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_target_only_artifact, art)
+    result = CliRunner().invoke(main, ["distill", str(art), *args])
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert sorted(p.name for p in art.iterdir()) == sorted(p.name for p in tiny_target_only_artifact.iterdir())
