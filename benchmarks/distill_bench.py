@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent
 GREEDY = {"open": [("eagle K=3", dict(drafter="eagle", num_draft_tokens=3)),
                    ("eagle auto", dict(drafter="eagle", num_draft_tokens="auto"))],
           "grounded": [("ngram auto", dict(drafter="ngram", num_draft_tokens="auto")),
-                       ("eagle auto", dict(drafter="eagle", num_draft_tokens="auto"))]}
+                       ("ngram+eagle auto", dict(drafter="ngram+eagle", num_draft_tokens="auto"))]}
 SAMPLED = [("eagle K=3 T=0.7", dict(drafter="eagle", num_draft_tokens=3, temperature=0.7))]
 
 
@@ -69,7 +69,8 @@ def run(artifact: Path, repeats: int, max_new_tokens: int, threads: int | None, 
                                          on_iteration=iterations.append)
                 s = result.stats
                 reached, accepted = _positions(iterations)
-                if settings.get("drafter") == "eagle" and "temperature" not in settings:
+                if settings.get("drafter") == "eagle" and settings.get("num_draft_tokens") == 3 \
+                        and "temperature" not in settings:  # per-position acceptance at a fixed K
                     reached_all += reached
                     accepted_all += accepted
                 figures[name].append({"tps": s.decode_tokens_per_second, "alpha": s.alpha, "c": s.cost_ratio,

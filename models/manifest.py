@@ -113,7 +113,7 @@ class Provenance:
     command: str | None = None
 
 
-DRAFTER_KINDS = ("model", "ngram", "eagle", "ngram+model", "none")  # what a stored default drafter may be
+DRAFTER_KINDS = ("model", "ngram", "eagle", "ngram+model", "ngram+eagle", "none")  # what a stored default drafter may be
 FEATURE_DRAFT_KINDS = ("eagle",)  # trained drafts that read the target's hidden states
 
 

@@ -151,7 +151,7 @@ class Engine:
         """
         if requested in ("model", "ngram+model") and self.draft is None:
             raise GenerationError("this artifact has no draft model; use drafter 'ngram' or 'none'")
-        if requested == "eagle" and self.eagle is None:
+        if requested in ("eagle", "ngram+eagle") and self.eagle is None:
             raise GenerationError("this artifact has no trained draft head; build one with `specdec distill`")
         if requested != "auto":
             return requested
@@ -162,8 +162,13 @@ class Engine:
         kind = self.drafter_kind(config.drafter)
         if kind == "none":
             return None
-        if kind == "eagle" and self.eagle is not None:
-            return EagleDrafter(self.eagle, config.sampling, rng)
+        if kind in ("eagle", "ngram+eagle") and self.eagle is not None:
+            eagle = EagleDrafter(self.eagle, config.sampling, rng)
+            if kind == "eagle":
+                return eagle
+            combined = CombinedDrafter(NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max), eagle)
+            combined.reads_hidden = True  # the loop hands the target's rows to the trained head through it
+            return combined
         if kind in ("model", "ngram+model") and self.draft is not None:
             model = ModelDrafter(self.draft, config.sampling, rng,
                                  capacity=prompt_length + config.max_new_tokens + MAX_DRAFT_ROOM)

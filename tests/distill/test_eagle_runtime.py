@@ -90,12 +90,12 @@ def _prompts(engine):
     return [engine.prompt_ids(p, chat=True) for p in training_prompts(16, seed=0)[:3]] + [engine.prompt_ids("Hello")]
 
 
-@pytest.mark.parametrize("k", [1, 3, "auto"])
-def test_greedy_with_the_eagle_drafter_equals_target_only(engine, k):
+@pytest.mark.parametrize("drafter, k", [("eagle", 1), ("eagle", 3), ("eagle", "auto"), ("ngram+eagle", "auto")])
+def test_greedy_with_the_eagle_drafter_equals_target_only(engine, drafter, k):
     accepted = drafted = 0
     for ids in _prompts(engine):
         reference = engine.generate(ids, GenerationConfig(max_new_tokens=32, drafter="none"))
-        result = engine.generate(ids, GenerationConfig(max_new_tokens=32, drafter="eagle", num_draft_tokens=k))
+        result = engine.generate(ids, GenerationConfig(max_new_tokens=32, drafter=drafter, num_draft_tokens=k))
         assert result.token_ids == reference.token_ids
         accepted += result.stats.accepted
         drafted += result.stats.drafted
