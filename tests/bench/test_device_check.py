@@ -105,3 +105,18 @@ def test_a_speculative_output_that_parts_away_from_a_near_tie_fails(tiny_artifac
     check = device_check.check_artifact(tiny_artifacts["llama"], "cpu", max_new_tokens=6, prompts=("one two",))
     assert len(check.failures) == 4  # n-gram and model drafter, K=4 and auto
     assert all("at token 2, not a near-tie" in failure for failure in check.failures)
+
+
+def test_the_fallback_disabled_session_is_tried_on_cuda_alone_and_its_refusal_reported(monkeypatch):
+    asked = []
+
+    def refusing_session(path, sess_options=None, providers=None):
+        asked.append(providers)
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : This session contains graph nodes that are assigned to "
+                           "the default CPU EP, but fallback to CPU EP has been explicitly disabled by the user.\nmore")
+
+    monkeypatch.setattr(device_check.ort, "InferenceSession", refusing_session)
+    outcome = device_check.strict_session_outcome("model.onnx", "cuda")
+    assert asked == [["CUDAExecutionProvider"]]  # the CPU provider listed too is a conflict onnxruntime refuses
+    assert outcome.endswith("fallback to CPU EP has been explicitly disabled by the user.")
+    assert device_check.strict_session_outcome("model.onnx", "cpu").startswith("not tried")
