@@ -25,6 +25,7 @@ import click
 import numpy as np
 
 from specdec.benchmarks.runner import BASELINE, BenchConfig, Run, run_bench
+from specdec.cli.errors import one_line_errors
 
 FP32_CONFIGS = [BenchConfig(BASELINE, "none"), BenchConfig("int4 draft auto", "model", "auto"),
                 BenchConfig("ngram auto", "ngram", "auto"), BenchConfig("ngram+int4 draft auto", "ngram+model", "auto")]
@@ -224,6 +225,7 @@ def plot(doc: dict, path: Path) -> None:
 @click.option("--results", type=click.Path(path_type=Path), default=None, help="Also write the Markdown report here.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="Write the speedup chart here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the Markdown report.")
+@one_line_errors
 def main(fp32_artifact, int4_artifact, genai_python, genai_int4, prompts_file, max_new_tokens, repeats, threads,
          agreement, output, results, plot_path, as_json) -> None:
     """Run the int4 rows side by side, alternating, and report them against issue 18's goals."""
