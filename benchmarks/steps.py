@@ -35,7 +35,7 @@ def time_steps(sessions: dict[str, ModelSession], past_lengths: Sequence[int] = 
         caches = {}
         for name, session in sessions.items():
             caches[name] = session.new_cache()
-            session.forward(caches[name], tokens[:past])
+            session.forward(caches[name], tokens[:past], logits_rows=1)
         samples: dict[tuple[str, int], list[float]] = {(name, n): [] for name in sessions for n in new_tokens}
         names = list(sessions)
         for repeat in range(repeats):

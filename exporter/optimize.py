@@ -7,7 +7,13 @@ Rewrites, each recorded in the manifest:
   onnxruntime's GroupQueryAttention), for the families marked `shared_kv_buffer`;
   this changes how the runtime binds the cache, so the manifest's `kv_buffer` says so;
 - otherwise grouped-query attention without repeat_kv copies (`grouped_attention.py`),
-  for every graph whose KV heads are fewer than its query heads.
+  for every graph whose KV heads are fewer than its query heads;
+- logits for the trailing rows the caller asks for (`logits_rows.py`, a `num_logits_to_keep`
+  input; 0 keeps all rows), for every family: a prefill needs one row, not one per prompt token;
+- under the shared buffer, in float graphs that will not be quantized (`pack_projections`):
+  one packed q/k/v and one gate/up MatMul per layer (`packed_matmuls.py`), then the packed
+  q/k/v straight into GroupQueryAttention with rotary inside (`packed_attention.py`), as
+  onnxruntime-genai's graphs do (figures: docs/FAIR_ANCHORS.md).
 A graph neither applies to keeps the plain optimum graph, and the manifest says so.
 """
 
@@ -24,6 +30,9 @@ from typing import Any
 import onnx
 
 from specdec.exporter.grouped_attention import regroup_attention
+from specdec.exporter.logits_rows import LOGITS_ROWS_NAME, keep_trailing_logit_rows
+from specdec.exporter.packed_attention import pack_attention_inputs
+from specdec.exporter.packed_matmuls import pack_shared_input_matmuls
 from specdec.exporter.shared_kv import fuse_shared_kv_attention
 from specdec.models.architectures import PAST_KEY, PAST_VALUE, PRESENT_KEY, PRESENT_VALUE, ArchitectureSpec
 from specdec.models.manifest import sha256_of_file
@@ -46,13 +55,15 @@ class OptimizationReport:
 
 
 def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, Any],
-                   shared_kv: bool = True) -> OptimizationReport:
+                   shared_kv: bool = True, pack_projections: bool = True) -> OptimizationReport:
     """Rewrite `graph_path` in place (fusions for its family, attention); return what was done.
 
     The graph keeps its inputs and outputs, except under a shared KV buffer
     (report.kv_buffer == "shared"): attention_mask goes, seqlens_k and
     total_sequence_length come, and past/present become one buffer per tensor.
     shared_kv=False keeps the concat cache even where the family allows the shared buffer.
+    pack_projections=False leaves q/k/v and gate/up as separate MatMuls (the int8/int4 path
+    packs its MatMulNBits itself, after quantizing).
     """
     before = sha256_of_file(graph_path)
     if any(t.data_location == onnx.TensorProto.EXTERNAL
@@ -83,10 +94,21 @@ def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, A
                        f"{heads} query / {kv_heads} KV heads"
                        + (f", sliding window {', '.join(map(str, sliding))}" if sliding else "") + ")")
         fused["GroupQueryAttention"] = shared
+        packed = pack_shared_input_matmuls(model) if pack_projections else 0
+        rotary_inside = pack_attention_inputs(model) if packed else 0
+        if packed:
+            applied.append(f"packed projections: {packed} MatMuls merged into their neighbours sharing an input "
+                           "(q/k/v, gate/up)" + (f"; rotary inside GroupQueryAttention ({rotary_inside} layers)"
+                                                 if rotary_inside else ""))
+            fused["PackedMatMul"] = packed
+            if rotary_inside:
+                fused.pop("RotaryEmbedding", None)  # the attention op rotates q and k itself now
     if regrouped:
         applied.append(f"grouped-query attention without repeat_kv copies ({regrouped} MatMuls, "
                        f"{heads} query / {kv_heads} KV heads)")
         fused["GroupedQueryMatMul"] = regrouped
+    if keep_trailing_logit_rows(model):
+        applied.append(f"logits for the trailing rows asked for ({LOGITS_ROWS_NAME} input)")
     if not applied:
         return OptimizationReport(sha256_before=before, sha256_after=before,
                                   note=f"nothing measured to help the {arch.family} family applies; plain graph kept")

@@ -27,6 +27,7 @@ from specdec.models.manifest import (
 )
 from specdec.exporter.onnx_export import export_onnx, read_layout, reread_kv_dtype_and_files
 from specdec.exporter.kv_slice import write_kv_slice_graph
+from specdec.exporter.logits_rows import LOGITS_ROWS_NAME
 from specdec.exporter.half_precision import convert_graph_to_fp16
 from specdec.exporter.optimize import optimize_graph
 from specdec.exporter.shared_kv import SEQLENS_NAME, TOTAL_LENGTH_NAME
@@ -123,7 +124,9 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
     shutil.rmtree(graph_path.parent)
     if config.optimize:
         progress(f"{role}: optimizing the graph")
-        optimization = optimize_graph(folder / layout.files[0], arch, loaded.config, config.shared_kv).as_dict()
+        # Quantization packs its own MatMulNBits; packing the float weights first would leave it nothing to fuse.
+        optimization = optimize_graph(folder / layout.files[0], arch, loaded.config, config.shared_kv,
+                                      pack_projections=not config.weights).as_dict()
     else:
         optimization = {"applied": [], "note": "--no-optimize"}
     kv_buffer = optimization.pop("kv_buffer", "concat")
@@ -170,6 +173,7 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         kv_buffer=kv_buffer,
         seqlens_name=SEQLENS_NAME if shared else None,
         total_length_name=TOTAL_LENGTH_NAME if shared else None,
+        logits_rows_name=LOGITS_ROWS_NAME if LOGITS_ROWS_NAME in inputs else None,
     )
 
 

@@ -29,8 +29,9 @@ MANIFEST_FORMAT = "specdec-artifact"
 # v2 added GraphSpec.optimization; v1 artifacts load as plain graphs.
 # v3 added GraphSpec.kv_buffer ("shared": graphs an older runtime cannot drive) and the
 # length inputs that go with it; v1/v2 artifacts load as "concat".
-MANIFEST_VERSION = 3
-SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3)
+# v4 added GraphSpec.logits_rows_name, a required input an older runtime would not bind.
+MANIFEST_VERSION = 4
+SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4)
 KV_BUFFERS = ("concat", "shared")
 FLOAT_DTYPES = ("fp32", "fp16")  # what `specdec export --dtype` may ask for
 WEIGHT_DTYPES = ("fp32", "fp16", "int8", "int4")  # GraphSpec.weights_dtype; `--weights`
@@ -75,6 +76,9 @@ class GraphSpec:
     kv_buffer: str = "concat"
     seqlens_name: str | None = None
     total_length_name: str | None = None
+    # int64 [1] input: the lm_head runs over only this many trailing positions (0: all of them).
+    # None: the graph computes every row (artifacts before v4, or a graph the rewrite did not fit).
+    logits_rows_name: str | None = None
     # Output holding the state that feeds the LM head (after the final norm), [batch, seq, hidden],
     # for a drafter that reads the target's features (`specdec distill` adds it); None: no such output.
     hidden_name: str | None = None
@@ -245,6 +249,7 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         kv_buffer=s("kv_buffer", True) or "concat",
         seqlens_name=s("seqlens_name", True),
         total_length_name=s("total_length_name", True),
+        logits_rows_name=s("logits_rows_name", True),
         hidden_name=s("hidden_name", True),
     )
     if not spec.files:

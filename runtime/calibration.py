@@ -59,7 +59,7 @@ def step_times(session: ModelSession, context: list[int], max_tokens: int, repea
     cache; the lengths take turns within each round, so drift of a noisy machine hits all alike.
     """
     cache = session.new_cache()
-    session.forward(cache, context)
+    session.forward(cache, context, logits_rows=1)
     samples: list[list[float]] = [[] for _ in range(max_tokens)]
     for _ in range(repeats):
         for n in range(1, max_tokens + 1):

@@ -24,5 +24,5 @@ def first_mismatch(reference: Engine, prompt_ids: list[int], expected: list[int]
 
 def top2_logit_gap(engine: Engine, context: list[int]) -> float:
     """Return the gap between the two highest logits of `engine`'s target for the token after `context`."""
-    top2 = np.sort(engine.target.forward(engine.target.new_cache(len(context)), context)[-1])[-2:]
+    top2 = np.sort(engine.target.forward(engine.target.new_cache(len(context)), context, logits_rows=1)[-1])[-2:]
     return float(top2[1] - top2[0])

@@ -100,7 +100,7 @@ class ModelDrafter:
 
     def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Run the draft's prefill over the prompt."""
-        self.session.forward(self.cache, prompt_ids)
+        self.session.forward(self.cache, prompt_ids, logits_rows=1)
 
     def situation(self, context: list[int]) -> str:
         """Return "model": a sampled draft gives no cheap hint of how it will fare."""
@@ -109,7 +109,7 @@ class ModelDrafter:
     def propose(self, context: list[int], k: int) -> Proposal:
         """Return k tokens sampled one at a time from the draft model, with their q rows."""
         # Catch up on the committed tokens the draft has not seen (at least the last one).
-        logits = self.session.forward(self.cache, context[self.cache.length:])[-1]
+        logits = self.session.forward(self.cache, context[self.cache.length:], logits_rows=1)[-1]
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for i in range(k):

@@ -105,7 +105,7 @@ def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np
     hidden = drafter is not None and draft_length is not None and getattr(drafter, "reads_hidden", False)
     states = None
     start = time.perf_counter()
-    logits = target.forward(cache, request.prompt_ids, hidden=hidden)
+    logits = target.forward(cache, request.prompt_ids, logits_rows=1, hidden=hidden)  # the first token needs the last row
     if hidden:
         logits, states = logits
     context = list(request.prompt_ids) + [next_token(logits[-1], request.sampling, rng)]

@@ -86,19 +86,25 @@ class ModelSession:
             sessions["kv_slice"] = self.slicer.session
         return sessions
 
-    def forward(self, cache: KVCache, token_ids: list[int],
+    def forward(self, cache: KVCache, token_ids: list[int], logits_rows: int | None = None,
                 hidden: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Run the graph on `token_ids` after the cache; return logits [len(token_ids), vocab] on the host.
+        """Run the graph on `token_ids` after the cache; return logits [rows, vocab] on the host.
 
-        The cache grows by len(token_ids) positions. Logits are cut to `vocab_limit` so ids
-        that only pad an embedding matrix can never be produced. With `hidden` (a graph with
-        `hidden_name`, see `specdec distill`) returns (logits, hidden states [len(token_ids), hidden]
-        float32): every new position's LM-head input, for a drafter that reads the target's features.
+        rows = `logits_rows` trailing positions (None: all len(token_ids)); a graph with a
+        `logits_rows_name` input computes only those (a prefill needs 1), an older one
+        computes all and the rest are dropped here. The cache grows by len(token_ids)
+        positions. Logits are cut to `vocab_limit` so ids that only pad an embedding matrix
+        can never be produced. With `hidden` (a graph with `hidden_name`, see `specdec distill`)
+        returns (logits, hidden states [len(token_ids), hidden] float32): every new position's
+        LM-head input, for a drafter that reads the target's features.
         """
         n_new = len(token_ids)
         past = cache.length
         if n_new == 0:
             raise ValueError("forward needs at least one token")
+        rows = n_new if logits_rows is None else logits_rows
+        if not 1 <= rows <= n_new:
+            raise ValueError(f"logits_rows must be 1..{n_new} for a call over {n_new} tokens, got {logits_rows}")
         if past + n_new > self.spec.max_positions:
             raise GenerationError(
                 f"sequence of {past + n_new} tokens exceeds the model's {self.spec.max_positions} positions"
@@ -113,6 +119,8 @@ class ModelSession:
         if spec.position_ids_name:
             positions = np.arange(past, past + n_new, dtype=np.int64)[None, :]
             cache.inputs.bind(binding, spec.position_ids_name, positions)
+        if spec.logits_rows_name:
+            binding.bind_cpu_input(spec.logits_rows_name, np.array([rows], dtype=np.int64))
         if self.shared_kv:
             cache.reserve(past + n_new)
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
@@ -136,7 +144,7 @@ class ModelSession:
         cache.run_seconds += time.perf_counter() - start
         cache.run_calls += 1
         outputs = binding.get_outputs()
-        logits = outputs[0].numpy()[0, :, : self.vocab_limit]
+        logits = outputs[0].numpy()[0, -rows:, : self.vocab_limit]
         states = outputs[1].numpy()[0].astype(np.float32, copy=False) if hidden else None
         presents = outputs[2:] if hidden else outputs[1:]
         cache.append(cache.tensors if self.shared_kv else presents, token_ids)
