@@ -21,7 +21,8 @@ def _projections() -> onnx.ModelProto:
              helper.make_node("MatMul", ["y", "w_shared"], ["s1"], name="s1"),
              helper.make_node("MatMul", ["x", "w_shared"], ["s2"], name="s2")]
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, "n", 8]) for n in ("x", "y")]
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("q", "k", "v", "out_y", "s1", "s2")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, "n", cols])
+               for n, cols in (("q", 4), ("k", 4), ("v", 2), ("out_y", 3), ("s1", 5), ("s2", 5))]
     graph = helper.make_graph(nodes, "proj", inputs, outputs,
                               [numpy_helper.from_array(w, name) for name, w in weights.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
