@@ -56,6 +56,9 @@ def run(artifact: Path, repeats: int, max_new_tokens: int, threads: int | None, 
     reached_all, accepted_all = np.zeros(8, int), np.zeros(8, int)
     for prompt in _prompts():
         ids = engine.prompt_ids(prompt["prompt"], chat=prompt.get("chat", True))
+        if len(ids) + max_new_tokens + 40 > engine.max_positions:  # a tiny test model's 512 positions
+            progress(f"{prompt['id']}: skipped, {len(ids)} tokens is too long for {engine.max_positions} positions")
+            continue
         configs = [("target-only", {}), *GREEDY[prompt["group"]]]
         if prompt["group"] == "open":
             configs += [("target-only T=0.7", dict(temperature=0.7)), *SAMPLED]
@@ -92,6 +95,8 @@ def run(artifact: Path, repeats: int, max_new_tokens: int, threads: int | None, 
     summary = {}
     for group in ("open", "grounded"):
         names = {n for r in rows if r["group"] == group for n in r["configs"]}
+        if not names:
+            continue
         summary[group] = {n: {"median_speedup": statistics.median(r["configs"][n]["speedup"] for r in rows
                                                                    if r["group"] == group),
                               "min_speedup": min(r["configs"][n]["speedup"] for r in rows if r["group"] == group),
