@@ -34,7 +34,7 @@ from specdec.exporter.shared_kv import SEQLENS_NAME, TOTAL_LENGTH_NAME
 from specdec.exporter.sources import LoadedSource, load_source
 from specdec.exporter.staging import check_output_path, staged_folder
 from specdec.exporter.tokenizer_check import check_tokenizers_compatible
-from specdec.exporter.quantize import WEIGHT_CHOICES, quantize_graph
+from specdec.exporter.quantize import DRAFT_ACCURACY_LEVEL, WEIGHT_CHOICES, quantize_graph
 from specdec.exporter.validate import DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, validate_graph
 from specdec.exporter.agreement import AGREEMENT_FLOOR, float_answers, teacher_forced_agreement
 
@@ -182,7 +182,7 @@ def _quantized_copy(target: GraphSpec, staging: Path, weights: str, progress: Pr
     progress(f"draft: quantizing a copy of the target to {weights}")
     shutil.copytree(staging / "target", staging / "draft")
     files = [f"draft/{Path(f).name}" for f in target.files]
-    record = quantize_graph(staging / files[0], weights)
+    record = quantize_graph(staging / files[0], weights, DRAFT_ACCURACY_LEVEL)
     kv_slice = f"draft/{Path(target.kv_slice_file).name}" if target.kv_slice_file else None
     return replace(
         target,

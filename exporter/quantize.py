@@ -28,12 +28,20 @@ from specdec.models.manifest import WEIGHT_DTYPES, sha256_of_file
 
 WEIGHT_CHOICES = WEIGHT_DTYPES
 BLOCK_SIZE = 32  # weights per scale: smaller blocks keep more accuracy, cost a little speed (genai's int4: 32)
-# accuracy_level 4: MatMulNBits computes in int8 on CPU, activations quantized per row and block, its fastest kernel.
-ACCURACY_LEVEL = 4
+# MatMulNBits' compute precision on the CPU. Level 4 (int8 compute, genai's choice) is the fastest, but
+# its 1-row and multi-row kernels differ: a row's logits move with the number of rows in the call
+# (SmolLM2 int4: by up to 1.2), so a verify call disagrees with plain steps and speculative greedy
+# output leaves the target's own (docs/INT4.md). A target needs level 1 (fp32 compute, rows
+# independent to ~1e-4); a draft only shapes proposals, so it keeps the fast kernel.
+TARGET_ACCURACY_LEVEL = 1
+DRAFT_ACCURACY_LEVEL = 4
 
 
-def quantize_graph(graph_path: Path, weights: str) -> dict[str, Any]:
+def quantize_graph(graph_path: Path, weights: str, accuracy_level: int = TARGET_ACCURACY_LEVEL) -> dict[str, Any]:
     """Quantize `graph_path` in place to int8 or int4 MatMul weights; return a manifest record.
+
+    `accuracy_level`: MatMulNBits' compute precision (TARGET_ACCURACY_LEVEL keeps a target exact
+    under speculation; DRAFT_ACCURACY_LEVEL is faster, for drafts).
 
     Every MatMul with constant weights is quantized, the lm_head included (a tied one too,
     after folding its Transpose); at int4 a tied embedding then reads the lm_head's blocks;
@@ -52,7 +60,7 @@ def quantize_graph(graph_path: Path, weights: str) -> dict[str, Any]:
         model = onnx.load(str(graph_path))
         folded = fold_transposed_weights(model)
         quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=BLOCK_SIZE,
-                                         is_symmetric=True, accuracy_level=ACCURACY_LEVEL)
+                                         is_symmetric=True, accuracy_level=accuracy_level)
         quantizer.process()
         model = quantizer.model.model
         unquantized = sum(1 for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in
@@ -62,9 +70,9 @@ def quantize_graph(graph_path: Path, weights: str) -> dict[str, Any]:
         packed = pack_attention_inputs(model)
         onnx.save(model, str(temporary))
     method = (f"onnxruntime MatMulNBits: MatMul weights {weights}, block {BLOCK_SIZE}, symmetric, "
-              f"accuracy level {ACCURACY_LEVEL}")
+              f"accuracy level {accuracy_level}")
     os.replace(temporary, graph_path)
-    return {"weights": weights, "method": method,
+    return {"weights": weights, "method": method, "accuracy_level": accuracy_level,
             "lm_head": weights if folded or not unquantized else "fp32",
             "embedding": f"{weights}, the lm_head's blocks (tied)" if tied else "fp32",
             "constant_matmuls_left_fp32": unquantized,

@@ -10,6 +10,7 @@ from specdec.cli.main import main
 from specdec.exporter import pipeline
 from specdec.exporter.agreement import AGREEMENT_FLOOR, float_answers, teacher_forced_agreement
 from specdec.exporter.pipeline import ExportConfig, run_export
+from specdec.exporter.quantize import DRAFT_ACCURACY_LEVEL, TARGET_ACCURACY_LEVEL
 from specdec.exporter.sources import load_source
 from specdec.models.errors import ExportError
 from specdec.models.manifest import load_manifest
@@ -47,6 +48,8 @@ def test_quantized_target_validates_and_decodes_exactly(quantized_artifacts, wei
     assert report["tokens"] > 0 and report["check"].startswith("teacher-forced")
     graph = onnx.load(str(out / spec.graph_file))
     assert any(node.op_type == "MatMulNBits" for node in graph.graph.node)
+    # A target computes in fp32 (level 1): at level 4 SmolLM2's verify calls moved logits by up to 1.2.
+    assert _accuracy_levels(graph) == {TARGET_ACCURACY_LEVEL} == {1}
     engine = Engine.load(out, provider="cpu")
     plain = engine.generate("one, two, three, one, two,", GenerationConfig(max_new_tokens=24, drafter="none"))
     spec_run = engine.generate("one, two, three, one, two,", GenerationConfig(max_new_tokens=24, drafter="ngram"))
@@ -142,6 +145,13 @@ def test_export_refuses_a_broken_quantization(tiny_sources, tmp_path, monkeypatc
     assert not out.exists()
 
 
+def _accuracy_levels(graph) -> set[int]:
+    from onnx import helper
+
+    return {helper.get_attribute_value(a) for node in graph.graph.node if node.op_type == "MatMulNBits"
+            for a in node.attribute if a.name == "accuracy_level"}
+
+
 def test_quantized_copy_of_target_as_draft(tiny_sources, tmp_path):
     target, _ = tiny_sources["llama"]
     out = tmp_path / "art"
@@ -152,6 +162,10 @@ def test_quantized_copy_of_target_as_draft(tiny_sources, tmp_path):
     assert manifest.draft.weights_dtype == "int8" and manifest.draft.source.startswith("quantized:int8 of ")
     assert manifest.target.weights_dtype == "fp32"
     assert manifest.draft.sha256["draft/model.onnx"] != manifest.target.sha256["target/model.onnx"]
+    import onnx
+
+    # A draft only shapes proposals: it keeps the fast int8-compute kernel.
+    assert _accuracy_levels(onnx.load(str(out / manifest.draft.graph_file))) == {DRAFT_ACCURACY_LEVEL} == {4}
     engine = Engine.load(out, provider="cpu")
     plain = engine.generate("The quick brown fox", GenerationConfig(max_new_tokens=32, drafter="none"))
     spec = engine.generate("The quick brown fox", GenerationConfig(max_new_tokens=32, num_draft_tokens=4))
