@@ -78,8 +78,8 @@ def target_vs_genai_section(rows: Sequence[dict]) -> list[str]:
         "",
         "The same greedy decoding of the same model on both sides, at the same thread count (header). Decode "
         "tokens/s: tokens after the first over the time after the prefill; time to first token: the prefill "
-        "call (genai: `append_tokens` of the prompt). Medians over the repeats, genai's run right after each "
-        "specdec repeat.",
+        "call (genai: `append_tokens` of the prompt). Medians over the repeats; genai runs each prompt right after "
+        "specdec's runs of it.",
         "",
         "| prompt | prompt tokens | specdec decode tok/s | genai decode tok/s | specdec / genai | "
         "specdec TTFT (ms) | genai TTFT (ms) | specdec / genai |",
@@ -158,7 +158,8 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
             "## Anchors: the same model and prompts in what users would run instead",
             "",
             "End-to-end tokens/s (prefill included) on both sides, medians; specdec's figure is the matching "
-            "configuration in the same run. onnxruntime-genai runs after each specdec repeat (alternating); "
+            "configuration in the same run. onnxruntime-genai runs each prompt right after specdec's runs of it "
+            "(alternating); "
             "transformers runs once, after all repeats. An anchor's tokens/s counts at most max_new_tokens "
             "tokens per run. Its greedy tokens are compared with specdec's target-only tokens for the same "
             "prompt (first repeat), token by token, leaving out a final end-of-sequence token.",

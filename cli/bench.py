@@ -100,14 +100,16 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     runs, anchor_runs = [], []
     from specdec.benchmarks.genai_anchor import session_options
     genai_options = session_options(threads)
-    # Repeats alternate specdec and onnxruntime-genai, so both see the same machine state.
+    # specdec and onnxruntime-genai take turns prompt by prompt, so both see the same machine state
+    # (turns a whole repeat long let a burst of other load fall on one side only).
     for repeat in range(repeats):
-        runs += run_bench(engine, prompts, configs, max_new_tokens, 1, progress, first_repeat=repeat)
-        if genai_python:
-            from specdec.benchmarks.genai_anchor import run_genai
+        for case in prompts:
+            runs += run_bench(engine, [case], configs, max_new_tokens, 1, progress, first_repeat=repeat)
+            if genai_python:
+                from specdec.benchmarks.genai_anchor import run_genai
 
-            anchor_runs += run_genai(genai_python, genai_model, prompt_ids, max_new_tokens, progress,
-                                     options=genai_options)
+                anchor_runs += run_genai(genai_python, genai_model, {case.id: prompt_ids[case.id]}, max_new_tokens,
+                                         progress, options=genai_options)
     ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
     # What a call over n tokens costs, from the speculative runs' own target calls (1-token
     # calls where nothing matched, up to K+1 where something did; auto's reach further), each
