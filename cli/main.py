@@ -163,7 +163,8 @@ def inspect(artifact, as_json, no_verify) -> None:
                    "(default: the artifact's tuned K, else 4).")
 @click.option("--drafter", type=click.Choice(DRAFTER_CHOICES), default=DEFAULTS.drafter, show_default=True,
               help="auto: what `specdec tune` stored, else the artifact's draft model if it has one, "
-                   "else prompt lookup (n-gram).")
+                   "else prompt lookup (n-gram). ngram+model: prompt lookup where the context repeats "
+                   "an n-gram, the draft model elsewhere.")
 @click.option("--no-draft", is_flag=True, help="Plain target-only decoding (same as --drafter none).")
 @click.option("--max-draft-tokens-auto", type=int, default=DEFAULTS.max_draft_tokens_auto, show_default=True,
               help=f"Cap on K under '-k auto' (1..{MAX_DRAFT_TOKENS}; auto times target calls up to cap + 1 "
