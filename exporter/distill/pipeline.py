@@ -27,8 +27,10 @@ from specdec.models.manifest import (MANIFEST_FILENAME, FeatureDraftSpec, GraphS
                                      load_manifest, sha256_of_file)
 from specdec.exporter.distill.hidden_tap import HIDDEN_OUTPUT, add_hidden_output, compare_hidden
 from specdec.exporter.distill.prompts import heldout_prompts, training_prompts
+from specdec.runtime.theory import best_draft_length
 
 Progress = Callable[[str], None]
+MIN_EXPECTED_SPEEDUP = 1.05  # a head must be expected to beat target-only by this much to become the default drafter
 HIDDEN_ATOL = {"fp32": 1e-3, "fp16": 5e-2}  # max |hidden difference| ONNX vs PyTorch (quantized graphs: recorded only)
 
 
@@ -282,20 +284,24 @@ def _write_head(artifact: Path, manifest: Manifest, target_spec: GraphSpec, hidd
         hidden_size=head.config.hidden_size, num_kv_heads=head.config.num_kv_heads, head_dim=head.config.head_dim,
         vocab_subset=len(subset), target_graph_sha256=target_spec.sha256[target_spec.graph_file], training=training)
     updated = replace(manifest, target=target_spec, feature_draft=spec,
-                      validation={**manifest.validation, "target_hidden": hidden_report},
-                      runtime_defaults=replace(manifest.runtime_defaults, drafter="eagle"))
+                      validation={**manifest.validation, "target_hidden": hidden_report})
     try:
         runtime = runtime_acceptance(artifact, updated, config, progress)
     except BaseException:
         shutil.rmtree(artifact / folder, ignore_errors=True)
         raise
     spec = replace(spec, training={**training, "runtime_heldout": runtime})
-    updated = replace(updated, feature_draft=spec)
+    # The head becomes the default drafter only where it is expected to pay; else `auto` keeps its old choice.
+    pays = runtime.get("expected_speedup", 0.0) > MIN_EXPECTED_SPEEDUP
+    updated = replace(updated, feature_draft=spec, runtime_defaults=replace(
+        manifest.runtime_defaults, drafter="eagle" if pays else manifest.runtime_defaults.drafter))
     temporary = artifact / (MANIFEST_FILENAME + ".tmp")
     temporary.write_text(json.dumps(updated.to_dict(), indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, artifact / MANIFEST_FILENAME)  # the commit point
     _remove_unlisted(artifact, manifest, updated)
-    progress(f"wrote the draft head into {artifact} ({folder}); default drafter: eagle")
+    progress(f"wrote the draft head into {artifact} ({folder}); default drafter: {updated.runtime_defaults.drafter or 'auto'}"
+             + ("" if pays else f" (the head's expected speedup {runtime.get('expected_speedup', 0.0):.2f}x does not pay; "
+                                "use it with --drafter eagle)"))
     return updated
 
 
@@ -322,7 +328,8 @@ def runtime_acceptance(artifact: Path, manifest: Manifest, config: DistillConfig
         return {}
     reached = np.zeros(4, np.int64)
     accepted = np.zeros(4, np.int64)
-    drafted = kept = 0
+    drafted = kept = draft_calls = iterations = 0
+    draft_seconds = target_seconds = 0.0
     for prompt in prompts:
         def count(iteration):
             nonlocal drafted, kept
@@ -332,10 +339,16 @@ def runtime_acceptance(artifact: Path, manifest: Manifest, config: DistillConfig
                 tried = min(len(iteration.drafted), iteration.num_accepted + 1)
                 reached[:tried] += 1
                 accepted[:iteration.num_accepted] += 1
-        engine.generate(prompt, GenerationConfig(max_new_tokens=config.eval_tokens, num_draft_tokens=4, drafter="eagle", chat=True),
-                        on_iteration=count)
+        stats = engine.generate(prompt, GenerationConfig(max_new_tokens=config.eval_tokens, num_draft_tokens=4,
+                                                         drafter="eagle", chat=True), on_iteration=count).stats
+        draft_calls, iterations = draft_calls + stats.draft_calls, iterations + stats.iterations
+        draft_seconds, target_seconds = draft_seconds + stats.draft_seconds, target_seconds + stats.target_seconds
     per_position = [round(float(a) / int(r), 4) if r else None for a, r in zip(accepted, reached)]
-    result = {"prompts": len(prompts), "num_draft_tokens": 4, "alpha": round(kept / max(drafted, 1), 4),
-              "per_position": per_position}
+    alpha = kept / max(drafted, 1)
+    cost = (draft_seconds / draft_calls) / (target_seconds / iterations) if draft_calls and target_seconds else 1.0
+    best_k, speedup = best_draft_length(min(alpha, 0.999), cost, 16)  # Theorem 3.8, paper's call cost: optimistic
+    result = {"prompts": len(prompts), "num_draft_tokens": 4, "alpha": round(alpha, 4),
+              "per_position": per_position, "cost_ratio": round(cost, 4), "best_k": best_k,
+              "expected_speedup": round(speedup, 4)}
     progress(f"runtime check (held-out, greedy, K=4): {kept}/{drafted} drafts accepted, per position {per_position}")
     return result

@@ -87,7 +87,11 @@ def test_distill_writes_a_head_the_manifest_describes(distilled_artifact):
 
     manifest = load_manifest(distilled_artifact)  # every sha256 checked, the head's files included
     head = manifest.feature_draft
-    assert head.kind == "eagle" and manifest.runtime_defaults.drafter == "eagle"
+    assert head.kind == "eagle"
+    runtime = head.training["runtime_heldout"]
+    # The head is the default drafter exactly when Theorem 3.8 expects it to pay.
+    assert (manifest.runtime_defaults.drafter == "eagle") == (runtime["expected_speedup"] > 1.05), runtime
+    assert 0 <= runtime["best_k"] <= 16 and runtime["cost_ratio"] > 0
     assert manifest.target.hidden_name and head.target_graph_sha256 == manifest.target.sha256[manifest.target.graph_file]
     record = head.training
     assert record["seed"] == 0 and record["steps"] == 60 and record["data"]["prompts"] == 16
