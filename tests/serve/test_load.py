@@ -42,7 +42,6 @@ def test_overload_gets_429_with_retry_after_and_nothing_hangs(serve_engine, serv
             return httpx.post(live.url + "/v1/completions", timeout=60,
                               json={"model": MODEL, "prompt": PROMPTS[i], "max_tokens": 200, "temperature": 0})
 
-        start = time.monotonic()
         with ThreadPoolExecutor(10) as pool:
             responses = list(pool.map(post, range(10), timeout=120))
         statuses = sorted(r.status_code for r in responses)
@@ -52,7 +51,6 @@ def test_overload_gets_429_with_retry_after_and_nothing_hangs(serve_engine, serv
             if r.status_code == 429:
                 assert int(r.headers["retry-after"]) >= 1
                 assert r.json()["error"]["type"] == "rate_limit_exceeded"
-        assert time.monotonic() - start < 120
         assert live.metric("specdec:requests_rejected_total", reason="overloaded") == statuses.count(429)
         assert live.metric("vllm:num_requests_waiting", model_name=MODEL) == 0
 
