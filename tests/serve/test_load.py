@@ -55,18 +55,29 @@ def test_overload_gets_429_with_retry_after_and_nothing_hangs(serve_engine, serv
         assert live.metric("vllm:num_requests_waiting", model_name=MODEL) == 0
 
 
-@pytest.fixture
-def slow_iterations(monkeypatch):
-    """Make every decode iteration take >= 20 ms, so a generation is surely still running when tested."""
+def _slow_down_iterations(monkeypatch, seconds: float) -> None:
     from specdec.serve.generation import Generation
 
     original = Generation._iteration
 
     def slow(self, iteration):
-        time.sleep(0.02)
+        time.sleep(seconds)
         original(self, iteration)
 
     monkeypatch.setattr(Generation, "_iteration", slow)
+
+
+@pytest.fixture
+def slow_iterations(monkeypatch):
+    """Make every decode iteration take >= 20 ms, so a long generation is still running a few tokens in."""
+    _slow_down_iterations(monkeypatch, 0.02)
+
+
+@pytest.fixture
+def stalled_iterations(monkeypatch):
+    """Make every decode iteration take 0.8 s: longer than any client timeout or deadline these tests set,
+    so the cut comes before the end even when a sampled generation would stop at an early end-of-text."""
+    _slow_down_iterations(monkeypatch, 0.8)
 
 
 def _track_caches(engine, monkeypatch) -> list:
@@ -118,7 +129,7 @@ def test_disconnect_mid_stream_cancels_the_generation_and_frees_its_cache(server
     assert refs and all(ref() is None for ref in refs)
 
 
-def test_a_disconnected_non_streamed_request_is_cancelled(server, slow_iterations):
+def test_a_disconnected_non_streamed_request_is_cancelled(server, stalled_iterations):
     cancelled_before = server.metric("specdec:requests_cancelled_total", reason="disconnect")
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", timeout=0.5,
@@ -129,7 +140,7 @@ def test_a_disconnected_non_streamed_request_is_cancelled(server, slow_iteration
     assert _wait_for(lambda: not server.state.active)
 
 
-def test_deadline_cuts_a_request_with_504(serve_engine, serve_artifact, slow_iterations):
+def test_deadline_cuts_a_request_with_504(serve_engine, serve_artifact, stalled_iterations):
     with live_server(serve_engine, serve_artifact, max_concurrency=1, request_timeout=0.3) as live:
         response = httpx.post(live.url + "/v1/completions", timeout=30,
                               json={"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 450, "temperature": 0.8,
