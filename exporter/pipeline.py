@@ -34,7 +34,7 @@ from specdec.exporter.shared_kv import SEQLENS_NAME, TOTAL_LENGTH_NAME
 from specdec.exporter.sources import LoadedSource, load_source
 from specdec.exporter.staging import check_output_path, staged_folder
 from specdec.exporter.tokenizer_check import check_tokenizers_compatible
-from specdec.exporter.quantize import DRAFT_ACCURACY_LEVEL, WEIGHT_CHOICES, quantize_graph
+from specdec.exporter.quantize import DRAFT_ACCURACY_LEVEL, WEIGHT_CHOICES, quantize_graph, target_precision
 from specdec.exporter.validate import DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, validate_graph
 from specdec.exporter.agreement import AGREEMENT_FLOOR, float_answers, teacher_forced_agreement
 
@@ -133,9 +133,12 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
     shared = kv_buffer == "shared"
     # A rewrite may drop inputs (the shared buffer drops the mask): bind only what the graph still has.
     inputs = {i.name for i in onnx.load(str(folder / layout.files[0]), load_external_data=False).graph.input}
+    min_rows = 1
     if config.weights:
         progress(f"{role}: quantizing MatMul weights to {config.weights}")
-        optimization["quantization"] = quantize_graph(folder / layout.files[0], config.weights)
+        level, min_rows = target_precision(config.weights, shared)
+        optimization["quantization"] = {**quantize_graph(folder / layout.files[0], config.weights, level),
+                                        "min_rows": min_rows}
     if convert_to_fp16:
         progress(f"{role}: converting the graph to fp16")
         optimization["half_precision"] = convert_graph_to_fp16(folder / layout.files[0])
@@ -174,6 +177,7 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         seqlens_name=SEQLENS_NAME if shared else None,
         total_length_name=TOTAL_LENGTH_NAME if shared else None,
         logits_rows_name=LOGITS_ROWS_NAME if LOGITS_ROWS_NAME in inputs else None,
+        min_rows=min_rows,
     )
 
 
@@ -193,6 +197,7 @@ def _quantized_copy(target: GraphSpec, staging: Path, weights: str, progress: Pr
         weights_dtype=weights,
         source=f"quantized:{weights} of {target.source}",
         optimization={**target.optimization, "quantization": record},
+        min_rows=1,  # a draft's numbers only shape proposals: its 1-row kernel is fine
     )
 
 

@@ -29,19 +29,33 @@ from specdec.models.manifest import WEIGHT_DTYPES, sha256_of_file
 WEIGHT_CHOICES = WEIGHT_DTYPES
 BLOCK_SIZE = 32  # weights per scale: smaller blocks keep more accuracy, cost a little speed (genai's int4: 32)
 # MatMulNBits' compute precision on the CPU. Level 4 (int8 compute, genai's choice) is the fastest, but
-# its 1-row and multi-row kernels differ: a row's logits move with the number of rows in the call
-# (SmolLM2 int4: by up to 1.2), so a verify call disagrees with plain steps and speculative greedy
-# output leaves the target's own (docs/INT4.md). A target needs level 1 (fp32 compute, rows
-# independent to ~1e-4); a draft only shapes proposals, so it keeps the fast kernel.
-TARGET_ACCURACY_LEVEL = 1
-DRAFT_ACCURACY_LEVEL = 4
+# its 1-row kernel rounds differently from its multi-row one (SmolLM2 int4: logits move by up to 1.2),
+# so a verify call would disagree with 1-token steps. Its multi-row path is row-independent (a
+# position scores bit-identically in calls of 2..300 rows), so an int4 target keeps level 4 and never
+# makes a 1-row call: min_rows 2, the runtime pads with a throwaway position (shared KV buffer only).
+# Without a shared buffer, or at int8 (not measured), a target takes level 1 (fp32 compute, rows
+# independent to ~1e-4, but slower). A draft only shapes proposals: level 4, 1-row calls allowed.
+FAST_ACCURACY_LEVEL = 4
+EXACT_ACCURACY_LEVEL = 1
+TARGET_ACCURACY_LEVEL = EXACT_ACCURACY_LEVEL  # the level whatever the call shape (default of quantize_graph)
+DRAFT_ACCURACY_LEVEL = FAST_ACCURACY_LEVEL
+PADDED_MIN_ROWS = 2
+
+
+def target_precision(weights: str, shared_kv: bool) -> tuple[int, int]:
+    """Return (accuracy_level, min_rows) for a quantized target graph: the fast kernel with every call
+    padded to 2+ rows where the runtime can pad (int4, shared KV buffer), else fp32 compute."""
+    if weights == "int4" and shared_kv:
+        return FAST_ACCURACY_LEVEL, PADDED_MIN_ROWS
+    return EXACT_ACCURACY_LEVEL, 1
 
 
 def quantize_graph(graph_path: Path, weights: str, accuracy_level: int = TARGET_ACCURACY_LEVEL) -> dict[str, Any]:
     """Quantize `graph_path` in place to int8 or int4 MatMul weights; return a manifest record.
 
-    `accuracy_level`: MatMulNBits' compute precision (TARGET_ACCURACY_LEVEL keeps a target exact
-    under speculation; DRAFT_ACCURACY_LEVEL is faster, for drafts).
+    `accuracy_level`: MatMulNBits' compute precision (EXACT_ACCURACY_LEVEL keeps a target exact
+    whatever its call shapes; FAST_ACCURACY_LEVEL is faster, for drafts, and for targets whose
+    calls all have 2+ rows: `target_precision`).
 
     Every MatMul with constant weights is quantized, the lm_head included (a tied one too,
     after folding its Transpose); at int4 a tied embedding then reads the lm_head's blocks;

@@ -82,6 +82,11 @@ class GraphSpec:
     # Output holding the state that feeds the LM head (after the final norm), [batch, seq, hidden],
     # for a drafter that reads the target's features (`specdec distill` adds it); None: no such output.
     hidden_name: str | None = None
+    # Fewest tokens (and logits rows) any call may have. 2 for an int4/int8 target at MatMulNBits
+    # accuracy level 4: its CPU kernel for a 1-row call rounds differently from the multi-row one,
+    # which is row-independent, so the runtime pads a 1-token call with a throwaway position past
+    # the cache's length (shared KV buffer only) and every position is scored alike (docs/INT4.md).
+    min_rows: int = 1
 
     @property
     def graph_file(self) -> str:
@@ -251,6 +256,7 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         total_length_name=s("total_length_name", True),
         logits_rows_name=s("logits_rows_name", True),
         hidden_name=s("hidden_name", True),
+        min_rows=1 if data.get("min_rows") is None else _get(data, "min_rows", (int,), where),
     )
     if not spec.files:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")
@@ -267,6 +273,9 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         raise ManifestError(f"{MANIFEST_FILENAME}: missing field '{where}.attention_mask_name'")
     if spec.kv_buffer == "concat" and not spec.kv_slice_file:
         raise ManifestError(f"{MANIFEST_FILENAME}: missing field '{where}.kv_slice_file'")
+    if spec.min_rows < 1 or (spec.min_rows > 1 and spec.kv_buffer != "shared"):
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.min_rows' must be 1, or more with a shared KV buffer "
+                            f"(padding positions are dropped by length), got {spec.min_rows}")
     if spec.kv_dtype not in ("float32", "float16"):
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.kv_dtype' must be float32 or float16, got {spec.kv_dtype}")
     return spec

@@ -10,7 +10,8 @@ from specdec.cli.main import main
 from specdec.exporter import pipeline
 from specdec.exporter.agreement import AGREEMENT_FLOOR, float_answers, teacher_forced_agreement
 from specdec.exporter.pipeline import ExportConfig, run_export
-from specdec.exporter.quantize import DRAFT_ACCURACY_LEVEL, TARGET_ACCURACY_LEVEL
+from specdec.exporter.quantize import (DRAFT_ACCURACY_LEVEL, EXACT_ACCURACY_LEVEL, FAST_ACCURACY_LEVEL,
+                                      PADDED_MIN_ROWS, target_precision)
 from specdec.exporter.sources import load_source
 from specdec.models.errors import ExportError
 from specdec.models.manifest import load_manifest
@@ -48,8 +49,12 @@ def test_quantized_target_validates_and_decodes_exactly(quantized_artifacts, wei
     assert report["tokens"] > 0 and report["check"].startswith("teacher-forced")
     graph = onnx.load(str(out / spec.graph_file))
     assert any(node.op_type == "MatMulNBits" for node in graph.graph.node)
-    # A target computes in fp32 (level 1): at level 4 SmolLM2's verify calls moved logits by up to 1.2.
-    assert _accuracy_levels(graph) == {TARGET_ACCURACY_LEVEL} == {1}
+    # At level 4 SmolLM2's 1-row calls score a position up to 1.2 logits away from multi-row calls: an
+    # int4 target keeps level 4 and asks the runtime for 2+ rows per call; int8 computes in fp32 (level 1).
+    level, min_rows = {"int8": (EXACT_ACCURACY_LEVEL, 1), "int4": (FAST_ACCURACY_LEVEL, PADDED_MIN_ROWS)}[weights]
+    assert _accuracy_levels(graph) == {level} and (level, min_rows) == target_precision(weights, True)
+    assert spec.kv_buffer == "shared" and spec.min_rows == min_rows
+    assert spec.optimization["quantization"]["min_rows"] == min_rows
     engine = Engine.load(out, provider="cpu")
     plain = engine.generate("one, two, three, one, two,", GenerationConfig(max_new_tokens=24, drafter="none"))
     spec_run = engine.generate("one, two, three, one, two,", GenerationConfig(max_new_tokens=24, drafter="ngram"))
@@ -130,8 +135,8 @@ def test_export_refuses_a_broken_quantization(tiny_sources, tmp_path, monkeypatc
 
     quantize = pipeline.quantize_graph
 
-    def quantize_then_skip_a_layer(graph_path, weights):
-        record = quantize(graph_path, weights)
+    def quantize_then_skip_a_layer(graph_path, weights, accuracy_level):
+        record = quantize(graph_path, weights, accuracy_level)
         graph = onnx.load(str(graph_path))
         _skip_layer(graph, 0)
         onnx.save(graph, str(graph_path))
@@ -166,6 +171,7 @@ def test_quantized_copy_of_target_as_draft(tiny_sources, tmp_path):
 
     # A draft only shapes proposals: it keeps the fast int8-compute kernel.
     assert _accuracy_levels(onnx.load(str(out / manifest.draft.graph_file))) == {DRAFT_ACCURACY_LEVEL} == {4}
+    assert manifest.draft.min_rows == 1 and manifest.target.min_rows == 1
     engine = Engine.load(out, provider="cpu")
     plain = engine.generate("The quick brown fox", GenerationConfig(max_new_tokens=32, drafter="none"))
     spec = engine.generate("The quick brown fox", GenerationConfig(max_new_tokens=32, num_draft_tokens=4))
