@@ -75,16 +75,25 @@ def agreement_rows(fp32_artifact: Path, int4_artifact: Path, genai_int4: Path | 
     return out
 
 
+def _precision(engine) -> str:
+    """Return how the int4 target computes: MatMulNBits accuracy level and the rows every call has."""
+    spec = engine.target.spec
+    level = spec.optimization.get("quantization", {}).get("accuracy_level", "?")
+    return f"MatMulNBits accuracy level {level}, min_rows {getattr(spec, 'min_rows', 1)}"
+
+
 def _median_ratio(runs: list, baseline: dict, key) -> float:
     return statistics.median(key(r) / baseline[(r["repeat"], r["prompt"])] for r in runs)
 
 
-def _record(run: Run, system: str) -> dict:
+def _record(run: Run, system: str, call_cost=None) -> dict:
     s = run.stats
+    # Theorem 3.8 for this run's alpha, c and drafted lengths, with the engine's measured call costs.
+    theory = s.expected_speedup(call_cost) if call_cost is not None and s.drafted else 1.0
     return {"system": system, "config": run.config.name, "repeat": run.repeat, "prompt": run.prompt.id,
             "group": run.prompt.group, "token_ids": run.token_ids, "decode_tps": s.decode_tokens_per_second,
             "alpha": s.alpha, "c": s.cost_ratio, "tokens_per_call": s.tokens_per_target_call,
-            "by_situation": s.by_situation}
+            "theory": theory, "by_situation": s.by_situation}
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -103,7 +112,8 @@ def summarize(records: list[dict]) -> list[dict]:
                "decode_tps": statistics.median(r["decode_tps"] for r in group),
                "alpha": statistics.median(r["alpha"] for r in group),
                "c": statistics.median(r["c"] for r in group),
-               "tokens_per_call": statistics.median(r["tokens_per_call"] for r in group)}
+               "tokens_per_call": statistics.median(r["tokens_per_call"] for r in group),
+               "theory": statistics.median(r.get("theory", 1.0) for r in group)}
         if system != "genai":
             row["speedup"] = statistics.median(r["decode_tps"] / base[(system, r["repeat"], prompt)]["decode_tps"]
                                                for r in group)
@@ -163,16 +173,18 @@ def markdown(doc: dict) -> str:
             per = ", ".join(f"{x}/{n}" for x, n in a["per_prompt"])
             lines.append(f"| {name} | {a['agreement']:.1%} of {a['tokens']} | {per} |")
     lines += ["", "## Per prompt (medians over repeats)", "",
-              "| system | configuration | prompt | group | decode tok/s | speedup | alpha | c | tokens/call | "
-              "greedy equal | vs genai plain |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| system | configuration | prompt | group | decode tok/s | speedup | Theorem 3.8 | alpha | c | "
+              "tokens/call | greedy equal | vs genai plain |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         vs = f"{r['vs_genai']:.2f}x" if "vs_genai" in r else ""
         lines.append(f"| {r['system']} | {r['config']} | {r['prompt']} | {r['group']} | {r['decode_tps']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['alpha']:.2f} | {r['c']:.2f} | {r['tokens_per_call']:.2f} | "
+                     f"{r['speedup']:.2f}x | {r.get('theory', 1.0):.2f}x | {r['alpha']:.2f} | {r['c']:.2f} | "
+                     f"{r['tokens_per_call']:.2f} | "
                      f"{r['greedy_equal']} | {vs} |")
     lines += ["", "Speedup: decode tokens/s over the same system's target-only run of the same prompt and repeat "
               "(genai n-gram: over genai plain; `vs genai plain`: specdec int4 target-only over genai int4 plain). "
-              "c: mean draft call over mean target call."]
+              "c: mean draft call over mean target call. Theorem 3.8: Leviathan et al.'s expected speedup for the "
+              "run's alpha, c and drafted lengths, target calls costed by the engine's measured call-cost table."]
     return "\n".join(lines) + "\n"
 
 
@@ -246,12 +258,12 @@ def main(fp32_artifact, int4_artifact, genai_python, genai_int4, prompts_file, m
     records: list[dict] = []
 
     def fp32_rows(repeat):
-        records.extend(_record(r, "fp32") for r in run_bench(fp32, prompts, FP32_CONFIGS, max_new_tokens, 1,
-                                                             progress, first_repeat=repeat))
+        records.extend(_record(r, "fp32", fp32.target_call_costs.relative)
+                       for r in run_bench(fp32, prompts, FP32_CONFIGS, max_new_tokens, 1, progress, first_repeat=repeat))
 
     def int4_rows(repeat):
-        records.extend(_record(r, "int4") for r in run_bench(int4, prompts, INT4_CONFIGS, max_new_tokens, 1,
-                                                             progress, first_repeat=repeat))
+        records.extend(_record(r, "int4", int4.target_call_costs.relative)
+                       for r in run_bench(int4, prompts, INT4_CONFIGS, max_new_tokens, 1, progress, first_repeat=repeat))
 
     def genai_rows(repeat):
         if genai_python is None:
@@ -271,7 +283,8 @@ def main(fp32_artifact, int4_artifact, genai_python, genai_int4, prompts_file, m
     doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "setup": f"{len(prompts)} prompts, {max_new_tokens} greedy tokens, {repeats} alternating repeats, "
                     f"{threads} threads for specdec and genai (genai: specdec's session settings), "
-                    f"{os.cpu_count()} cores",
+                    f"{os.cpu_count()} cores; int4 target: {_precision(int4)}; load average at the end "
+                    f"{os.getloadavg()[0]:.1f}",
            "rows": summarize(records)}
     doc["goals"] = goals(doc["rows"])
     if agreement:
