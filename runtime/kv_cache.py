@@ -136,12 +136,16 @@ class KVCache:
 
     def __post_init__(self):
         self.inputs = DeviceInputs(self.device)
+        # The model session's reusable IOBindings for this cache (runtime/session.py CallBinding),
+        # keyed by which outputs they fetch; they reference the buffers, so they go when those do.
+        self.bindings: dict = {}
 
     def __del__(self):
         self.release()
 
     def release(self) -> None:
         """Give the buffers back to the pool (the request is over); the cache is empty after."""
+        self.bindings = {}
         if self.pool is not None and self.tensors:
             self.pool.give(self.tensors)
         self.tensors = []
