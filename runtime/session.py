@@ -139,8 +139,9 @@ class ModelSession:
 
         rows = `logits_rows` trailing positions (None: all len(token_ids)); a graph with a
         `logits_rows_name` input computes only those (a prefill needs 1), an older one
-        computes all and the rest are dropped here. The cache grows by len(token_ids)
-        positions. Logits are cut to `vocab_limit` so ids that only pad an embedding matrix
+        computes all and the rest are dropped here. A graph with `min_rows` > 1 is fed that
+        many positions at least (the extra ones lie past the cache's length and are dropped).
+        The cache grows by len(token_ids) positions. Logits are cut to `vocab_limit` so ids that only pad an embedding matrix
         can never be produced. With `hidden` (a graph with `hidden_name`, see `specdec distill`)
         returns (logits, hidden states [len(token_ids), hidden] float32): every new position's
         LM-head input, for a drafter that reads the target's features.
@@ -160,8 +161,13 @@ class ModelSession:
         if hidden and not spec.hidden_name:
             raise GenerationError("this artifact's target graph has no hidden-state output: "
                                   "run `specdec distill` on it first")
+        # A graph whose kernels round a 1-row call differently (min_rows > 1, int4 at accuracy level 4)
+        # gets throwaway positions after the real ones: written past the cache's length, never read.
+        pad = min(max(0, spec.min_rows - n_new), spec.max_positions - past - n_new)
+        fed = list(token_ids) + [token_ids[-1]] * pad
+        n_fed = n_new + pad
         if self.shared_kv:
-            cache.reserve(past + n_new)
+            cache.reserve(past + n_fed)
             call = cache.bindings.get(hidden)
             if call is None:
                 call = cache.bindings[hidden] = CallBinding(self.session.io_binding(), self.device)
@@ -175,29 +181,29 @@ class ModelSession:
         binding = call.io
         # ids, positions and seqlens go into the request's own device tensors (cache.inputs); the
         # mask, rows and total length stay host inputs: kernels read them as shapes on the CPU.
-        cache.inputs.bind(binding, spec.input_ids_name, np.asarray([token_ids], dtype=np.int64))
+        cache.inputs.bind(binding, spec.input_ids_name, np.asarray([fed], dtype=np.int64))
         if spec.attention_mask_name:
-            binding.bind_cpu_input(spec.attention_mask_name, np.ones((1, past + n_new), dtype=np.int64))
+            binding.bind_cpu_input(spec.attention_mask_name, np.ones((1, past + n_fed), dtype=np.int64))
         if spec.position_ids_name:
-            positions = np.arange(past, past + n_new, dtype=np.int64)[None, :]
+            positions = np.arange(past, past + n_fed, dtype=np.int64)[None, :]
             cache.inputs.bind(binding, spec.position_ids_name, positions)
-        out_rows = n_new
+        out_rows = n_fed
         if spec.logits_rows_name:
-            binding.bind_cpu_input(spec.logits_rows_name, np.array([rows], dtype=np.int64))
-            out_rows = rows
+            out_rows = rows + pad
+            binding.bind_cpu_input(spec.logits_rows_name, np.array([out_rows], dtype=np.int64))
         if self.shared_kv:
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
-            cache.inputs.bind(binding, spec.seqlens_name, np.array([past + n_new - 1], dtype=np.int32))
-            binding.bind_cpu_input(spec.total_length_name, np.array(past + n_new, dtype=np.int32))
+            cache.inputs.bind(binding, spec.seqlens_name, np.array([past + n_fed - 1], dtype=np.int32))
+            binding.bind_cpu_input(spec.total_length_name, np.array(past + n_fed, dtype=np.int32))
         logits_value = self._output(call, spec.logits_name, out_rows, self.device)
-        hidden_value = self._output(call, spec.hidden_name, n_new, "cpu") if hidden else None
+        hidden_value = self._output(call, spec.hidden_name, n_fed, "cpu") if hidden else None
         start = time.perf_counter()
         self.session.run_with_iobinding(binding)
         cache.run_seconds += time.perf_counter() - start
         cache.run_calls += 1
         # Copies: the output buffers are written again by the next call of this cache.
-        logits = np.array(logits_value.numpy()[0, -rows:, : self.vocab_limit])
-        states = np.array(hidden_value.numpy()[0], dtype=np.float32) if hidden else None
+        logits = np.array(logits_value.numpy()[0, out_rows - pad - rows: out_rows - pad, : self.vocab_limit])
+        states = np.array(hidden_value.numpy()[0, :n_new], dtype=np.float32) if hidden else None
         if self.shared_kv:
             cache.append(cache.tensors, token_ids)
         else:
