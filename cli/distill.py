@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -33,6 +34,12 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
               help="Longest answer the target writes per prompt.")
 @click.option("--vocab-subset", type=click.IntRange(min=2), default=8192, show_default=True,
               help="Ids the draft can propose: the target's most frequent output tokens (FR-Spec); q = 0 elsewhere.")
+@click.option("--generate-dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
+              show_default=True,
+              help="Dtype of the target copy that decodes the training answers and reads their features (auto: bfloat16 "
+                   "on CUDA or a CPU with native bf16, else float32). Held-out features are read by the fp32 target.")
+@click.option("--generate-batch", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Prompts the target answers at once while making data.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where PyTorch makes data and trains (auto: CUDA when PyTorch sees a GPU).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -40,8 +47,8 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
 @click.option("--json", "as_json", is_flag=True, help="Print the training record (the manifest's entry) as JSON.")
 @one_line_errors
 def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: int | None, steps: int | None,
-            data_share: float, sampled_share: float, max_new_tokens: int, vocab_subset: int, device: str,
-            threads: int | None, as_json: bool) -> None:
+            data_share: float, sampled_share: float, max_new_tokens: int, vocab_subset: int, generate_dtype: str,
+            generate_batch: int, device: str, threads: int | None, as_json: bool) -> None:
     """Train an EAGLE-style draft head for ARTIFACT's target on the target's own answers, and write it in.
 
     The target graph gets a hidden-state output (the LM head's input), validated against
@@ -50,11 +57,15 @@ def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: in
     held-out prompts, and written into the artifact atomically. `specdec generate ARTIFACT
     --drafter eagle` (the artifact's new default drafter) then uses it. Needs the export extra.
     """
+    # OpenMP threads spinning at barriers collapse PyTorch on a shared CPU (docs/DISTILL.md, data throughput);
+    # libgomp reads this when torch is first imported.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from specdec.exporter.distill.pipeline import DistillConfig, run_distill
 
     config = DistillConfig(artifact=artifact, minutes=minutes, seed=seed, resume=resume, prompts=prompts, steps=steps,
                            data_share=data_share, sampled_share=sampled_share, max_new_tokens=max_new_tokens,
-                           subset_size=vocab_subset, device=device, threads=threads)
+                           subset_size=vocab_subset, generate_dtype=generate_dtype, generate_batch=generate_batch,
+                           device=device, threads=threads)
     manifest = run_distill(config, progress=elapsed_progress())
     record = manifest.feature_draft.training
     if as_json:
