@@ -132,6 +132,35 @@ def step_cost(plain: Path, tapped: Path, threads: int | None, rounds: int = 30) 
     return {"plain_ms": med["plain"], "tapped_ms": med["tapped"], "ratio": med["tapped"] / med["plain"], "rounds": rounds}
 
 
+def plot_curve(training: dict, path: Path) -> None:
+    """Write a PNG of the held-out acceptance curve in a manifest's `training` record (against tokens and minutes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    untrained = training.get("untrained_heldout_acceptance") or {}
+    start = [{"step": 0, "train_minutes": 0.0, "tokens": 0, **untrained}] if "first" in untrained else []
+    curve = start + training["curve"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, key, label in ((axes[0], "tokens", "training pair-tokens seen"), (axes[1], "train_minutes", "training minutes")):
+        xs = [row.get(key, row.get("tokens_seen")) for row in curve]
+        if key == "tokens" and any(x is None for x in xs):  # older curves did not record tokens
+            xs = [row["step"] for row in curve]
+            label = "training steps"
+        for name, style in (("first", "-o"), ("second", "--s")):
+            ax.plot(xs, [row[name] for row in curve], style, markersize=3, label=f"draft position {name}")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out greedy agreement (teacher-forced)")
+    axes[0].legend()
+    data = training.get("data", {})
+    fig.suptitle(f"specdec distill: {data.get('answer_tokens', '?')} answer tokens, {training.get('steps')} steps, "
+                 f"{training.get('wall_minutes')} min wall, seed {training.get('seed')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--plain", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
@@ -140,9 +169,21 @@ def step_cost(plain: Path, tapped: Path, threads: int | None, rounds: int = 30) 
 @click.option("--max-new-tokens", type=click.IntRange(2, 1024), default=128, show_default=True, help="Tokens per run.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="onnxruntime threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
+@click.option("--curve", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Only write a PNG of the artifact's held-out acceptance curve (its manifest's training record) "
+                   "to this path; no bench runs.")
 def main(artifact: Path, plain: Path | None, repeats: int, max_new_tokens: int, threads: int | None,
-         as_json: bool) -> None:
+         as_json: bool, curve: Path | None) -> None:
     """Bench a distilled artifact's trained head against target-only decoding (see the module docstring)."""
+    if curve:
+        from specdec.models.manifest import load_manifest
+
+        draft = load_manifest(artifact).feature_draft
+        if draft is None:
+            raise click.ClickException(f"{artifact} has no trained draft head (run specdec distill)")
+        plot_curve(draft.training, curve)
+        click.echo(f"wrote {curve}")
+        return
     report = run(artifact, repeats, max_new_tokens, threads, lambda m: click.echo(m, err=True))
     if plain:
         report["step_cost"] = step_cost(plain, artifact, threads)

@@ -141,12 +141,14 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
 
     import torch
 
-    from specdec.exporter.distill.data import features_of, generate_answers, generator_dtype, save_examples
+    from specdec.exporter.distill.data import (features_of, generate_answers, generator_dtype, save_examples,
+                                               use_grouped_attention)
 
     eos = list(manifest.tokenizer.eos_token_ids)
     started = time.monotonic()
     dtype = generator_dtype(config.generate_dtype, str(next(model.parameters()).device))
-    generator = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
+    generator = copy.deepcopy(model).to(dtype)
+    use_grouped_attention(generator)
     progress(f"data: answers decoded in {str(dtype).removeprefix('torch.')}, batches of {config.generate_batch}; "
              "held-out features read by the fp32 target")
     heldout = generate_answers(generator, tokenizer, heldout_prompts(config.heldout, config.seed), eos,
@@ -271,7 +273,7 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
         final = heldout_acceptance(head, heldout, device)
         fit = heldout_acceptance(head, fit_sample, device)
         state.curve.append({"step": state.step, "train_minutes": round(state.seconds / 60, 3),
-                            **{k: round(v, 4) if isinstance(v, float) else v for k, v in final.items()}})
+                            "tokens": state.tokens_seen, **{k: round(v, 4) if isinstance(v, float) else v for k, v in final.items()}})
         progress(f"train: done, {state.step} steps; held-out acceptance first {final['first']:.3f}, "
                  f"second {final['second']:.3f} (untrained {untrained['first']:.3f})")
         torch.save({"head": head.state_dict(), "optimizer": optimizer_state, "state": asdict(state),

@@ -165,3 +165,30 @@ def test_bad_distill_runs_are_refused_in_one_line(tiny_target_only_artifact, tmp
     assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert sorted(p.name for p in art.iterdir()) == sorted(p.name for p in tiny_target_only_artifact.iterdir())
+
+
+def test_grouped_decode_attention_matches_transformers_sdpa():
+    """The data generator's decode-step attention (query groups as rows) gives transformers' sdpa logits, padding included."""
+    import copy
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.exporter.distill.data import use_grouped_attention
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)
+    reference = LlamaForCausalLM(config).eval()
+    reference.config._attn_implementation = "sdpa"
+    grouped = copy.deepcopy(reference)
+    use_grouped_attention(grouped)
+    ids = torch.randint(3, 128, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[0, :4] = 0  # left padding, as batched generation pads
+    with torch.no_grad():
+        outs = [m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                           output_logits=True, return_dict_in_generate=True) for m in (reference, grouped)]
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    for a, b in zip(outs[0].logits, outs[1].logits):  # every decode step, not only the prefill
+        assert torch.allclose(a, b, atol=1e-4)
