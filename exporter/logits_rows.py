@@ -60,3 +60,73 @@ def keep_trailing_logit_rows(model: onnx.ModelProto, logits_name: str = "logits"
     graph.node.insert(position, negate)
     node.input[0] = sliced
     return True
+
+
+_ROW_WISE_NORMS = ("SkipSimplifiedLayerNormalization", "SkipLayerNormalization")
+
+
+def keep_trailing_rows_in_last_layer(model: onnx.ModelProto, logits_name: str = "logits") -> bool:
+    """Run the last layer's output projection and MLP on the kept rows only (in place); return whether rewritten.
+
+    Every layer must see every position, since each one's keys and values go to the cache,
+    except the last layer's work after its attention: only the rows whose logits are asked
+    for read it. Slices the last attention's output and the residual stream entering the
+    post-attention norm by `num_logits_to_keep`, so the o_proj, the MLP and the final norm
+    run on those rows (1 in a prefill: ~1/30 of SmolLM2's prefill arithmetic). Row-wise
+    work on the same rows gives the same numbers. Needs `keep_trailing_logit_rows` first;
+    leaves the graph untouched (False) unless everything after that norm is fed only by
+    it, the two sliced tensors, constants and the existing logits slice.
+    """
+    graph = model.graph
+    if not any(i.name == LOGITS_ROWS_NAME for i in graph.input):
+        return False
+    producers, consumers = producers_and_consumers(graph)
+    constants = {init.name for init in graph.initializer}
+    for node in graph.node:  # and what is computed from them alone (a tied lm_head's Transpose)
+        if node.op_type == "Constant" or (node.input and all(name in constants for name in node.input if name)):
+            constants.update(node.output)
+    attention = [n for n in graph.node if n.op_type in ("GroupQueryAttention", "MultiHeadAttention", "Attention")]
+    if not attention:
+        return False
+    attention_out = attention[-1].output[0]
+    readers = consumers.get(attention_out, [])
+    if len(readers) != 1 or readers[0].op_type not in _LM_HEADS:
+        return False
+    o_proj = readers[0]
+    readers = consumers.get(o_proj.output[0], [])
+    if len(readers) != 1 or readers[0].op_type not in _ROW_WISE_NORMS:
+        return False
+    norm = readers[0]
+    residual = [name for name in norm.input[:2] if name != o_proj.output[0]]
+    if len(residual) != 1 or residual[0] in constants:
+        return False
+    # Everything downstream of the post-attention norm, which will see the kept rows only.
+    downstream, frontier = [], [norm]
+    seen = {id(norm)}
+    while frontier:
+        node = frontier.pop()
+        downstream.append(node)
+        for out in filter(None, node.output):  # "" marks an unused optional output, not a tensor
+            for reader in consumers.get(out, []):
+                if id(reader) not in seen:
+                    seen.add(id(reader))
+                    frontier.append(reader)
+    produced = {out for node in downstream for out in node.output} | {o_proj.output[0]}
+    allowed = produced | constants | {residual[0], "specdec_logits_rows_starts", ""}
+    if any(name not in allowed for node in downstream for name in node.input):
+        return False  # something after the norm reads a full-length tensor: slicing would mix row counts
+    if not any(out == logits_name for node in downstream for out in node.output):
+        return False
+    ends, axes = "specdec_logits_rows_ends", "specdec_logits_rows_axes"
+    position = list(graph.node).index(o_proj)
+    for k, (name, reader) in enumerate(((attention_out, o_proj), (residual[0], norm))):
+        sliced = f"{name}_trailing_rows"
+        cut = helper.make_node("Slice", [name, "specdec_logits_rows_starts", ends, axes], [sliced],
+                               name=f"specdec_last_layer_rows_slice_{k}")
+        graph.node.insert(position, cut)
+        reader.input[list(reader.input).index(name)] = sliced
+    # The Neg that makes the slices' start sat by the lm_head; it reads a graph input only, so it can go first.
+    negate = producers["specdec_logits_rows_starts"]
+    graph.node.remove(negate)
+    graph.node.insert(0, negate)
+    return True

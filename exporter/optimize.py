@@ -10,6 +10,7 @@ Rewrites, each recorded in the manifest:
   for every graph whose KV heads are fewer than its query heads;
 - logits for the trailing rows the caller asks for (`logits_rows.py`, a `num_logits_to_keep`
   input; 0 keeps all rows), for every family: a prefill needs one row, not one per prompt token;
+  and where the graph's shape allows, the last layer's work after its attention on those rows too;
 - under the shared buffer, in float graphs that will not be quantized (`pack_projections`):
   one packed q/k/v and one gate/up MatMul per layer (`packed_matmuls.py`), then the packed
   q/k/v straight into GroupQueryAttention with rotary inside (`packed_attention.py`), as
@@ -30,7 +31,7 @@ from typing import Any
 import onnx
 
 from specdec.exporter.grouped_attention import regroup_attention
-from specdec.exporter.logits_rows import LOGITS_ROWS_NAME, keep_trailing_logit_rows
+from specdec.exporter.logits_rows import LOGITS_ROWS_NAME, keep_trailing_logit_rows, keep_trailing_rows_in_last_layer
 from specdec.exporter.packed_attention import pack_attention_inputs
 from specdec.exporter.packed_matmuls import pack_shared_input_matmuls
 from specdec.exporter.shared_kv import fuse_shared_kv_attention
@@ -109,6 +110,8 @@ def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, A
         fused["GroupedQueryMatMul"] = regrouped
     if keep_trailing_logit_rows(model):
         applied.append(f"logits for the trailing rows asked for ({LOGITS_ROWS_NAME} input)")
+        if keep_trailing_rows_in_last_layer(model):
+            applied.append("the last layer's o_proj, MLP and final norm on those rows only")
     if not applied:
         return OptimizationReport(sha256_before=before, sha256_after=before,
                                   note=f"nothing measured to help the {arch.family} family applies; plain graph kept")

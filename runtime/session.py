@@ -43,6 +43,7 @@ class CallBinding:
         self._device = device
         self._bound_kv: list[ort.OrtValue] | None = None
         self._outputs: dict[tuple[str, tuple[int, ...]], ort.OrtValue] = {}
+        self._output_order: list[str] = []
 
     def bind_cache(self, past_names: list[str], present_names: list[str], tensors: list[ort.OrtValue]) -> None:
         """Bind `tensors` as both past inputs and present outputs (in place), unless they are bound already."""
@@ -51,6 +52,7 @@ class CallBinding:
         for past, present, value in zip(past_names, present_names, tensors):
             self.io.bind_ortvalue_input(past, value)
             self.io.bind_ortvalue_output(present, value)
+            self._order(present)
         self._bound_kv = tensors
 
     def output(self, name: str, shape: tuple[int, ...], dtype: np.dtype, device: str) -> ort.OrtValue:
@@ -60,7 +62,20 @@ class CallBinding:
         if value is None:
             value = self._outputs[key] = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, device, 0)
         self.io.bind_ortvalue_output(name, value)
+        self._order(name)
         return value
+
+    def output_allocated(self, name: str, device: str) -> int:
+        """Bind output `name` to memory onnxruntime allocates per call (its width is not declared);
+        return its index in get_outputs()."""
+        self.io.bind_output(name, device)
+        return self._order(name)
+
+    def _order(self, name: str) -> int:
+        # onnxruntime's IOBinding lists outputs in the order their names were first bound.
+        if name not in self._output_order:
+            self._output_order.append(name)
+        return self._output_order.index(name)
 
 
 DEFAULT_CAPACITY = 256  # positions a shared-buffer cache starts with when the caller gives no hint
@@ -125,13 +140,19 @@ class ModelSession:
             sessions["kv_slice"] = self.slicer.session
         return sessions
 
-    def _output(self, call: CallBinding, name: str, rows: int, device: str) -> ort.OrtValue:
+    def _output(self, call: CallBinding, name: str, rows: int, device: str) -> ort.OrtValue | int:
+        """Bind output `name`: to a kept buffer (returned) where its width is known, else to a per-call
+        allocation (its index in get_outputs() returned)."""
         dtype, width = self._outputs[name]
+        if not isinstance(width, int) and name == self.spec.logits_name:
+            width = self.spec.vocab_size
         if not isinstance(width, int):
-            width = self.spec.vocab_size if name == self.spec.logits_name else None
-        if width is None:
-            raise GenerationError(f"output '{name}' of the {self.spec.role} graph has no fixed width")
+            return call.output_allocated(name, device)
         return call.output(name, (1, rows, width), np.dtype(dtype), device)
+
+    @staticmethod
+    def _fetched(call: CallBinding, bound: ort.OrtValue | int) -> np.ndarray:
+        return (call.io.get_outputs()[bound] if isinstance(bound, int) else bound).numpy()
 
     def forward(self, cache: KVCache, token_ids: list[int], logits_rows: int | None = None,
                 hidden: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -177,7 +198,7 @@ class ModelSession:
             for name, value in zip(self._past_names, cache.tensors):
                 call.io.bind_ortvalue_input(name, value)
             for name in self._present_names:
-                call.io.bind_output(name, self.device)
+                call.output_allocated(name, self.device)
         binding = call.io
         # ids, positions and seqlens go into the request's own device tensors (cache.inputs); the
         # mask, rows and total length stay host inputs: kernels read them as shapes on the CPU.
@@ -189,7 +210,8 @@ class ModelSession:
             cache.inputs.bind(binding, spec.position_ids_name, positions)
         out_rows = n_fed
         if spec.logits_rows_name:
-            out_rows = rows + pad
+            # The hidden output covers the rows the graph keeps (its last layer may run on those only).
+            out_rows = n_fed if hidden else rows + pad
             binding.bind_cpu_input(spec.logits_rows_name, np.array([out_rows], dtype=np.int64))
         if self.shared_kv:
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
@@ -202,8 +224,8 @@ class ModelSession:
         cache.run_seconds += time.perf_counter() - start
         cache.run_calls += 1
         # Copies: the output buffers are written again by the next call of this cache.
-        logits = np.array(logits_value.numpy()[0, out_rows - pad - rows: out_rows - pad, : self.vocab_limit])
-        states = np.array(hidden_value.numpy()[0, :n_new], dtype=np.float32) if hidden else None
+        logits = np.array(self._fetched(call, logits_value)[0, out_rows - pad - rows: out_rows - pad, : self.vocab_limit])
+        states = np.array(self._fetched(call, hidden_value)[0, :n_new], dtype=np.float32) if hidden else None
         if self.shared_kv:
             cache.append(cache.tensors, token_ids)
         else:

@@ -11,7 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from specdec.exporter.logits_rows import LOGITS_ROWS_NAME, keep_trailing_logit_rows
+from specdec.exporter.logits_rows import LOGITS_ROWS_NAME, keep_trailing_logit_rows, keep_trailing_rows_in_last_layer
+from specdec.exporter.grouped_attention import producers_and_consumers
 from specdec.models.manifest import load_manifest, sha256_of_file
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.session import ModelSession
@@ -69,10 +70,11 @@ def _strip_rows_input(graph_path: Path) -> None:
     """Undo the rewrite in place: the graph as exported before the input existed."""
     model = onnx.load(str(graph_path))
     graph = model.graph
-    cut = next(n for n in graph.node if n.name == "specdec_logits_rows_slice")
-    for node in graph.node:
-        node.input[:] = [cut.input[0] if name == cut.output[0] else name for name in node.input]
-    keep = [n for n in graph.node if not n.name.startswith("specdec_logits_rows_")]
+    cuts = [n for n in graph.node if n.name.startswith(("specdec_logits_rows_slice", "specdec_last_layer_rows_"))]
+    for cut in cuts:
+        for node in graph.node:
+            node.input[:] = [cut.input[0] if name == cut.output[0] else name for name in node.input]
+    keep = [n for n in graph.node if not n.name.startswith(("specdec_logits_rows_", "specdec_last_layer_rows_"))]
     del graph.node[:]
     graph.node.extend(keep)
     inputs = [i for i in graph.input if i.name != LOGITS_ROWS_NAME]
@@ -133,3 +135,43 @@ def test_rewrite_refuses_graphs_it_does_not_understand_and_runs_once(tiny_artifa
     count = len(rewritten.graph.node)
     assert keep_trailing_logit_rows(rewritten) is False  # the input is there already: nothing added
     assert len(rewritten.graph.node) == count
+
+
+def test_the_last_layer_after_attention_runs_on_the_kept_rows_only(tiny_artifacts, tmp_path):
+    artifact = tiny_artifacts["llama"]
+    spec = load_manifest(artifact).target
+    assert any("last layer" in step for step in spec.optimization["applied"])
+    model = onnx.load(str(artifact / spec.graph_file))
+    cuts = sorted((n for n in model.graph.node if n.name.startswith("specdec_last_layer_rows_")),
+                  key=lambda n: n.name)
+    assert len(cuts) == 2  # the attention's output (slice_0) and the residual stream (slice_1)
+    # expose what the MLP reads (the post-attention norm's output) and count its rows
+    _, consumers = producers_and_consumers(model.graph)
+    (o_proj,) = consumers[cuts[0].output[0]]
+    (norm,) = consumers[o_proj.output[0]]
+    assert cuts[1].output[0] in norm.input
+    mlp_input = norm.output[0]
+    model.graph.output.append(helper.make_tensor_value_info(mlp_input, TensorProto.FLOAT, None))
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    n = len(TOKENS)
+    capacity = n + 1
+    feeds = {spec.input_ids_name: np.array([TOKENS], np.int64),
+             spec.seqlens_name: np.array([n - 1], np.int32), spec.total_length_name: np.array(n, np.int32)}
+    if spec.position_ids_name:
+        feeds[spec.position_ids_name] = np.arange(n, dtype=np.int64)[None, :]
+    for pair in spec.past_names:
+        for name in pair:
+            feeds[name] = np.zeros((1, spec.num_kv_heads, capacity, spec.head_dim), np.float32)
+    for rows, expected in ((1, 1), (3, 3), (0, n)):
+        logits, hidden = session.run([spec.logits_name, mlp_input], {**feeds, LOGITS_ROWS_NAME: np.array([rows], np.int64)})
+        assert logits.shape[1] == hidden.shape[1] == expected
+
+
+def test_last_layer_rewrite_refuses_graphs_it_does_not_understand(tiny_artifacts):
+    model = _graph_without_lm_head()
+    assert keep_trailing_rows_in_last_layer(model) is False  # no rows input
+    gpt2 = onnx.load(str(tiny_artifacts["gpt2"] / "target" / "model.onnx"))
+    count = len(gpt2.graph.node)
+    assert keep_trailing_rows_in_last_layer(gpt2) is False and len(gpt2.graph.node) == count  # no attention op
