@@ -35,6 +35,7 @@ DRAFT_CATCH_UP = EXACTNESS + "::test_draft_cache_catches_up_on_exactly_what_it_h
 SELF_DRAFT = EXACTNESS + "::test_draft_equal_to_target_accepts_everything"
 MAX_NEW_TOKENS = EXACTNESS + "::test_max_new_tokens_is_exact"
 EOS_IN_BLOCK = EXACTNESS + "::test_eos_inside_an_accepted_block_ends_the_counts_there"
+BINDING = "tests/runtime/test_session_binding.py"
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "committed=iteration.committed[: index + 1], num_accepted=index + 1,",
            "committed=iteration.committed[: index + 1], num_accepted=iteration.num_accepted,",
            (EOS_IN_BLOCK,)),
+    Mutant("reused IO binding keeps the KV buffers a grown cache replaced", "runtime/session.py",
+           "        if self._bound_kv is tensors:", "        if self._bound_kv is not None:",
+           (BINDING + "::test_reused_binding_follows_growth_rollback_and_reuse",)),
+    Mutant("min_rows padding: the throwaway row's logits returned", "runtime/session.py",
+           "[0, out_rows - pad - rows: out_rows - pad, : self.vocab_limit]",
+           "[0, out_rows - rows: out_rows, : self.vocab_limit]",
+           (BINDING + "::test_min_rows_pads_one_token_calls_and_changes_no_logit",)),
 )
 
 
