@@ -9,6 +9,7 @@ import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import GraphSpec
+from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.kv_cache import BufferPool, KVCache, KVSlicer
 from specdec.runtime.providers import create_session, ort
 
@@ -78,6 +79,7 @@ class CallBinding:
         return self._output_order.index(name)
 
 
+KEPT_OUTPUT_ROWS = MAX_DRAFT_TOKENS + 1  # the largest verify call; longer calls are prefills
 DEFAULT_CAPACITY = 256  # positions a shared-buffer cache starts with when the caller gives no hint
 
 
@@ -141,12 +143,13 @@ class ModelSession:
         return sessions
 
     def _output(self, call: CallBinding, name: str, rows: int, device: str) -> ort.OrtValue | int:
-        """Bind output `name`: to a kept buffer (returned) where its width is known, else to a per-call
-        allocation (its index in get_outputs() returned)."""
+        """Bind output `name`: to a kept buffer (returned) for the shapes of steps and verify calls, else
+        (a width the graph does not declare, or a prefill's many rows) to a per-call allocation (its
+        index in get_outputs() returned), so a request does not hold a prompt-sized buffer."""
         dtype, width = self._outputs[name]
         if not isinstance(width, int) and name == self.spec.logits_name:
             width = self.spec.vocab_size
-        if not isinstance(width, int):
+        if not isinstance(width, int) or rows > KEPT_OUTPUT_ROWS:
             return call.output_allocated(name, device)
         return call.output(name, (1, rows, width), np.dtype(dtype), device)
 

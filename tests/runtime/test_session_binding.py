@@ -6,7 +6,7 @@ import numpy as np
 
 from specdec.models.manifest import load_manifest
 from specdec.runtime.engine import Engine
-from specdec.runtime.session import ModelSession
+from specdec.runtime.session import KEPT_OUTPUT_ROWS, ModelSession
 
 from tests.runtime.helpers import greedy
 
@@ -22,7 +22,10 @@ def test_reused_binding_follows_growth_rollback_and_reuse(tiny_artifacts):
     assert session.shared_kv
     rng = np.random.default_rng(3)
     tokens = rng.integers(0, 300, size=40).tolist()
-    fresh = session.forward(session.new_cache(64), tokens)
+    fresh_cache = session.new_cache(64)
+    fresh = session.forward(fresh_cache, tokens)
+    # a prefill's 40 rows of logits go to a per-call allocation, not a buffer the request keeps
+    assert all(shape[1] <= KEPT_OUTPUT_ROWS for _, shape in fresh_cache.bindings[False]._outputs)
 
     cache = session.new_cache(capacity=4)
     first_buffers = cache.tensors
