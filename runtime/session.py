@@ -39,12 +39,11 @@ class CallBinding:
     buffers kept per shape, so a steady state allocates nothing.
     """
 
-    def __init__(self, io: ort.IOBinding, device: str):
+    def __init__(self, io: ort.IOBinding):
         self.io = io
-        self._device = device
         self._bound_kv: list[ort.OrtValue] | None = None
         self._outputs: dict[tuple[str, tuple[int, ...]], ort.OrtValue] = {}
-        self._output_order: list[str] = []
+        self._output_index: dict[str, int] = {}
 
     def bind_cache(self, past_names: list[str], present_names: list[str], tensors: list[ort.OrtValue]) -> None:
         """Bind `tensors` as both past inputs and present outputs (in place), unless they are bound already."""
@@ -67,16 +66,13 @@ class CallBinding:
         return value
 
     def output_allocated(self, name: str, device: str) -> int:
-        """Bind output `name` to memory onnxruntime allocates per call (its width is not declared);
-        return its index in get_outputs()."""
+        """Bind output `name` to memory onnxruntime allocates per call; return its index in get_outputs()."""
         self.io.bind_output(name, device)
         return self._order(name)
 
     def _order(self, name: str) -> int:
         # onnxruntime's IOBinding lists outputs in the order their names were first bound.
-        if name not in self._output_order:
-            self._output_order.append(name)
-        return self._output_order.index(name)
+        return self._output_index.setdefault(name, len(self._output_index))
 
 
 KEPT_OUTPUT_ROWS = MAX_DRAFT_TOKENS + 1  # the largest verify call; longer calls are prefills
@@ -194,10 +190,10 @@ class ModelSession:
             cache.reserve(past + n_fed)
             call = cache.bindings.get(hidden)
             if call is None:
-                call = cache.bindings[hidden] = CallBinding(self.session.io_binding(), self.device)
+                call = cache.bindings[hidden] = CallBinding(self.session.io_binding())
             call.bind_cache(self._past_names, self._present_names, cache.tensors)
         else:  # a concat graph returns new present tensors every call: nothing to keep bound
-            call = CallBinding(self.session.io_binding(), self.device)
+            call = CallBinding(self.session.io_binding())
             for name, value in zip(self._past_names, cache.tensors):
                 call.io.bind_ortvalue_input(name, value)
             for name in self._present_names:
