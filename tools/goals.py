@@ -84,11 +84,15 @@ def goals_section(groups: Sequence[dict], rows: Sequence[dict], anchors: Sequenc
 
 def main(argv: list[str] | None = None) -> int:
     """Print the goals table for a bench.json; return 0 if every goal was met, else 1."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python tools/goals.py BENCH_JSON", file=sys.stderr)
-        return 2
-    document = json.loads(Path(argv[0]).read_text())
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Check a `specdec bench` run against the project's goals: "
+                                                 "prints a table, exits 1 if a goal is not met.")
+    parser.add_argument("bench_json", type=Path, help="bench.json written by `specdec bench --output DIR`.")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.bench_json.is_file():
+        parser.exit(2, f"goals.py: {args.bench_json} is not a file\n")
+    document = json.loads(args.bench_json.read_text())
     lines = goals_section(document["groups"], document["rows"], document["anchors"], document.get("replay", ()),
                           document.get("target_vs_genai", ()))
     print("\n".join(lines))
