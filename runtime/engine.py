@@ -20,6 +20,7 @@ from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec.runtime.eagle import EagleDrafter, EagleHead
 from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeRequest, Iteration, decode
+from specdec.runtime.providers import shared_pool, shared_pool_threads
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.session import ModelSession
 from specdec.runtime.stats import GenerationStats
@@ -48,6 +49,11 @@ class GenerationStream:
         return self._pieces
 
 
+# Whether an engine with a draft model or head runs it and the target on one shared thread pool
+# (providers.shared_pool). Off: once that pool exists onnxruntime refuses every other session
+# in the process, the embedding service's own included (docs/DESIGN.md, "Threads").
+SHARE_POOL_WITH_DRAFTS = False
+
 class Engine:
     """A loaded artifact. Sessions are shared; each request makes its own caches, drafter and RNG."""
 
@@ -56,7 +62,12 @@ class Engine:
         self.manifest = manifest
         self.codec = TextCodec(artifact_dir, manifest.tokenizer)
         vocab = manifest.tokenizer.vocab_size
-        # The draft's threads must not busy-wait on the cores the target needs next (docs/DESIGN.md, "Threads").
+        # A draft model (or head) and the target take turns: on one process-wide pool where it is
+        # free to make, else the draft's threads must not busy-wait on the cores the target needs
+        # next (docs/DESIGN.md, "Threads").
+        if SHARE_POOL_WITH_DRAFTS and (manifest.draft or manifest.feature_draft):
+            shared_pool(threads)
+        self.shared_pool = shared_pool_threads()  # its size, if this process's sessions share one pool
         self.target = ModelSession(artifact_dir, manifest.target, provider, threads, vocab_limit=vocab)
         self.draft = (ModelSession(artifact_dir, manifest.draft, provider, threads, vocab_limit=vocab, spin=False)
                       if manifest.draft else None)

@@ -131,13 +131,43 @@ def load_cuda_libraries() -> bool:
     return True
 
 
-def _session_options(path: str, threads: int | None, spin: bool) -> ort.SessionOptions:
+_shared_pool_lock = threading.Lock()
+_shared_pool_threads: int | None = None  # size of this process's shared intra-op pool, once made
+
+
+def shared_pool(threads: int | None) -> int:
+    """Make onnxruntime's process-wide intra-op thread pool of `threads` if there is none; return its size.
+
+    Sessions that take turns (a target and its draft) can share one pool: its threads keep
+    spinning for whichever runs next, where two per-session pools either steal each other's
+    cores (both spinning) or pay a wake-up per operator (the draft not spinning). Once the
+    pool exists onnxruntime refuses per-session pools, so every later session in the process
+    runs on it, at its size, whatever thread count it asks for (create_session).
+    """
+    global _shared_pool_threads
+    with _shared_pool_lock:
+        if _shared_pool_threads is None:
+            from onnxruntime.capi.onnxruntime_pybind11_state import set_global_thread_pool_sizes
+
+            _shared_pool_threads = threads or os.cpu_count() or 1
+            set_global_thread_pool_sizes(_shared_pool_threads, 1)
+        return _shared_pool_threads
+
+
+def shared_pool_threads() -> int | None:
+    """Return the size of this process's shared intra-op pool, or None while there is none."""
+    return _shared_pool_threads
+
+
+def _session_options(path: str, threads: int | None, spin: bool, shared: bool = False) -> ort.SessionOptions:
     """Return the SessionOptions for one graph, with the device check's settings when they are on."""
     options = ort.SessionOptions()
-    if threads:
+    if shared:
+        options.use_per_session_threads = False  # the process-wide pool (shared_pool); spin/threads are its own
+    elif threads:
         options.intra_op_num_threads = threads
     options.log_severity_level = 3  # the CUDA fallback warning is reported by us, once
-    if not spin:
+    if not spin and not shared:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if _check is not None:
         if _check.verbose_log:
@@ -177,8 +207,11 @@ def create_session(path: str, requested: str, threads: int | None = None,
     falls back to CPU; so the providers are read back from the session. "auto" accepts the
     fallback, and later "auto" sessions in this process go straight to the CPU; "cuda"
     raises GenerationError, quoting what preload_dlls said.
+
+    Once the process has a shared pool (`shared_pool`), the session runs its CPU operators
+    on it (`threads` and `spin` then do not apply): onnxruntime allows nothing else.
     """
-    options = _session_options(path, threads, spin)
+    options = _session_options(path, threads, spin, shared=_shared_pool_threads is not None)
     global _cuda_failed
     providers = providers_for(requested)
     if requested == "auto" and _cuda_failed:

@@ -1,5 +1,9 @@
 """Provider choice as onnxruntime-gpu behaves on a machine where CUDA cannot load: listed, then CPU."""
 
+import ast
+import os
+import subprocess
+import sys
 import warnings
 
 import onnx
@@ -106,3 +110,37 @@ def test_checked_sessions_log_node_placements_and_write_a_profile(identity_graph
     session.run(None, {"x": np.ones(1, np.float32)})
     profile = session.end_profiling()
     assert profile.startswith(str(tmp_path / "identity")) and plain.end_profiling() == ""
+
+
+_THREAD_COUNT_SCRIPT = """
+import os, sys
+import specdec.runtime.engine as engines
+from specdec.runtime.engine import Engine
+engines.SHARE_POOL_WITH_DRAFTS = True
+counts = []
+for threads, artifact in ((2, sys.argv[1]), (2, sys.argv[1]), (3, sys.argv[1]), (1, sys.argv[2])):
+    engine = Engine.load(artifact, provider="cpu", threads=threads)
+    counts.append((engine.shared_pool, len(os.listdir("/proc/self/task"))))
+print(counts)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_engines_with_a_draft_share_one_thread_pool(tiny_artifacts):
+    """In a fresh process the first engine with a draft makes the shared pool; no later session makes threads."""
+    out = subprocess.run([sys.executable, "-c", _THREAD_COUNT_SCRIPT, str(tiny_artifacts["llama"]),
+                          str(tiny_artifacts["gpt2"])], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-500:]
+    counts = ast.literal_eval(out.stdout.strip())
+    assert [shared for shared, _ in counts] == [2, 2, 2, 2]  # the first engine's size, whatever is asked later
+    assert len({threads for _, threads in counts}) == 1  # no engine after the first made a thread
+
+
+def test_shared_sessions_use_the_process_pool_and_ignore_spin(identity_graph):
+    options = providers._session_options(str(identity_graph), 2, spin=False, shared=True)
+    assert options.use_per_session_threads is False
+    with pytest.raises(RuntimeError):  # the pool's threads spin for whichever session runs next
+        options.get_session_config_entry("session.intra_op.allow_spinning")
+    per_session = providers._session_options(str(identity_graph), 2, spin=False)
+    assert per_session.intra_op_num_threads == 2
+    assert per_session.get_session_config_entry("session.intra_op.allow_spinning") == "0"
