@@ -176,6 +176,8 @@ def save_examples(path, examples: list[Example]) -> None:
 def load_examples(path) -> list[Example]:
     """Return the examples written by save_examples."""
     data = np.load(path)
+    # Each data[key] reads the whole array again: read once, or every example's slice keeps its own copy alive.
+    ids, features, greedy = data["ids"], data["features"], data["greedy_next"]
     bounds = np.concatenate([[0], np.cumsum(data["lengths"])])
-    return [Example(data["ids"][a:b], data["features"][a:b], data["greedy_next"][a:b], int(s), bool(m))
+    return [Example(ids[a:b], features[a:b], greedy[a:b], int(s), bool(m))
             for a, b, s, m in zip(bounds[:-1], bounds[1:], data["answer_start"], data["sampled"])]

@@ -84,8 +84,8 @@ def check_config(config: DistillConfig) -> Manifest:
     if config.subset_size < 2:
         raise ExportError(f"--vocab-subset must be >= 2, got {config.subset_size}")
     manifest = load_manifest(config.artifact)
-    if config.resume and not (work_dir(config.artifact) / "checkpoint.pt").is_file():
-        raise ExportError(f"nothing to resume: {work_dir(config.artifact)} holds no checkpoint (run without --resume)")
+    if config.resume and not (work_dir(config.artifact) / "data.json").is_file():
+        raise ExportError(f"nothing to resume: {work_dir(config.artifact)} holds no data (run without --resume)")
     if manifest.target.weights_dtype not in ("fp32", "fp16", "int8", "int4"):
         raise ExportError(f"unsupported target weights {manifest.target.weights_dtype}")
     return manifest
@@ -239,7 +239,9 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
                               work, progress)
         examples, heldout = load_examples(work / "train.npz"), load_examples(work / "heldout.npz")
         vocab = min(manifest.tokenizer.vocab_size, manifest.target.vocab_size)
-        checkpoint = torch.load(work / "checkpoint.pt", weights_only=False) if config.resume else None
+        # A run stopped after its data was made resumes with that data and no checkpoint.
+        saved = work / "checkpoint.pt"
+        checkpoint = torch.load(saved, weights_only=False) if config.resume and saved.is_file() else None
         if checkpoint:
             subset = checkpoint["subset"]
         else:

@@ -150,6 +150,22 @@ def test_resume_trains_on_from_the_checkpoint(distilled_artifact, tmp_path):
     assert record["steps"] == 64 and record["data"]["prompts"] == 16
 
 
+def test_resume_after_the_data_phase_trains_from_the_start(distilled_artifact, tmp_path):
+    """A run stopped after its data was written (no checkpoint yet) resumes on that data from step 0."""
+    from dataclasses import replace as copy_with
+
+    from specdec.exporter.distill.pipeline import DistillConfig, run_distill, work_dir
+    from tests.distill.conftest import TINY_DISTILL
+
+    art = tmp_path / "art"
+    shutil.copytree(distilled_artifact, art)
+    shutil.copytree(work_dir(distilled_artifact), work_dir(art))
+    (work_dir(art) / "checkpoint.pt").unlink()
+    config = copy_with(DistillConfig(artifact=art, **TINY_DISTILL), resume=True, steps=3, eval_prompts=0)
+    record = run_distill(config, progress=lambda message: None).feature_draft.training
+    assert record["steps"] == 3 and record["data"]["prompts"] == 16
+
+
 @pytest.mark.parametrize("args, message", [
     (["--minutes", "0"], "--minutes must be > 0"),
     (["--resume"], "nothing to resume"),
@@ -192,3 +208,18 @@ def test_grouped_decode_attention_matches_transformers_sdpa():
     assert torch.equal(outs[0].sequences, outs[1].sequences)
     for a, b in zip(outs[0].logits, outs[1].logits):  # every decode step, not only the prefill
         assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_loaded_examples_share_one_copy_of_the_data(tmp_path):
+    """load_examples returns views of one array per field (a copy per example ran SmolLM2's 1,088 examples out of memory)."""
+    from specdec.exporter.distill.data import Example, load_examples, save_examples
+
+    rng = np.random.default_rng(0)
+    examples = [Example(ids=rng.integers(0, 50, n), features=rng.standard_normal((n, 4)).astype(np.float16),
+                        greedy_next=rng.integers(0, 50, n), answer_start=2, sampled=bool(n % 2)) for n in (5, 7, 3)]
+    save_examples(tmp_path / "x.npz", examples)
+    loaded = load_examples(tmp_path / "x.npz")
+    for a, b in zip(examples, loaded):
+        assert np.array_equal(a.ids, b.ids) and np.array_equal(a.features, b.features)
+        assert np.array_equal(a.greedy_next, b.greedy_next) and (a.answer_start, a.sampled) == (b.answer_start, b.sampled)
+    assert loaded[0].features.base is loaded[2].features.base is not None
