@@ -66,6 +66,9 @@ def _versions() -> dict[str, str]:
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads for specdec's sessions and every anchor: onnxruntime, onnxruntime-genai and torch "
                    "(default: all cores).")
+@click.option("--shared-threads/--no-shared-threads", default=False, show_default=True,
+              help="With a draft model or head: run it and the target on one onnxruntime thread pool "
+                   "(see `specdec generate --help`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the Markdown table.")
 @click.option("--no-plot", is_flag=True, help="Write no PNG.")
 @click.option("--steps", is_flag=True,
@@ -74,7 +77,7 @@ def _versions() -> dict[str, str]:
               help="With --steps: another artifact's target graph to time alongside (repeatable).")
 @one_line_errors
 def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anchors, genai_python, genai_model,
-          output, results, provider, threads, as_json, no_plot, steps, compare) -> None:
+          output, results, provider, threads, shared_threads, as_json, no_plot, steps, compare) -> None:
     """Benchmark target-only and every drafter (fixed K and auto) on a prompt set, plus the anchors."""
     threads = threads or os.cpu_count() or 1  # one count for every system, printed in the report
     if steps:
@@ -93,7 +96,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     progress = elapsed_progress()
     prompt_path = prompts_file or PROMPTS_FILE
     prompts = load_prompts(prompt_path)
-    engine = Engine.load(artifact, provider=provider, threads=threads)
+    engine = Engine.load(artifact, provider=provider, threads=threads, shared_threads=shared_threads)
     k = num_draft_tokens or int(engine.manifest.runtime_defaults.num_draft_tokens or DEFAULT_DRAFT_TOKENS)
     configs = configurations(engine, k)
     prompt_ids = {case.id: engine.prompt_ids(case.prompt, case.chat) for case in prompts}
@@ -193,9 +196,12 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
 def _settings(engine, threads: int, genai_options: dict | None, transformers: bool) -> dict[str, str]:
     """Return per system the settings that decide its speed, as the report's header prints them."""
     session = engine.target.session.get_session_options()
-    out = {"specdec": f"onnxruntime {engine.provider}: intra_op_num_threads {session.intra_op_num_threads}, "
-                      f"inter_op_num_threads {session.inter_op_num_threads or 1}, spinning on (the target; a draft "
-                      f"model's session off), {str(session.graph_optimization_level).split('.')[-1]}, "
+    pools = (f"one shared intra-op pool of {engine.shared_pool} threads for the target and the draft, spinning"
+             if engine.shared_pool else
+             f"intra_op_num_threads {session.intra_op_num_threads}, inter_op_num_threads "
+             f"{session.inter_op_num_threads or 1}, spinning on (the target; a draft model's session off)")
+    out = {"specdec": f"onnxruntime {engine.provider}: {pools}, "
+                      f"{str(session.graph_optimization_level).split('.')[-1]}, "
                       f"memory arena {'on' if session.enable_cpu_mem_arena else 'off'}, memory pattern "
                       f"{'on' if session.enable_mem_pattern else 'off'}"}
     if genai_options is not None:

@@ -180,12 +180,16 @@ def inspect(artifact, as_json, no_verify) -> None:
               help="onnxruntime execution provider; auto uses CUDA when onnxruntime-gpu can load it.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--shared-threads/--no-shared-threads", default=False, show_default=True,
+              help="With a draft model or head: run it and the target on one onnxruntime thread pool, which "
+                   "keeps spinning for whichever runs next (faster drafting on few cores; the pool then serves "
+                   "every onnxruntime session of the process).")
 @click.option("--verbose", "-v", is_flag=True, help="Show each iteration's drafted and accepted tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, finish reason, stats).")
 @one_line_errors
 def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, num_draft_tokens, drafter,
-             no_draft, max_draft_tokens_auto, ngram_min, ngram_max, chat, stop_strings, provider, threads, verbose,
-             as_json) -> None:
+             no_draft, max_draft_tokens_auto, ngram_min, ngram_max, chat, stop_strings, provider, threads,
+             shared_threads, verbose, as_json) -> None:
     """Generate a completion of PROMPT with the artifact in ARTIFACT, streaming the text."""
     from specdec.runtime.engine import Engine
 
@@ -204,7 +208,7 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
         chat=chat,
     )
     config.validate()
-    engine = Engine.load(artifact, provider=provider, threads=threads)
+    engine = Engine.load(artifact, provider=provider, threads=threads, shared_threads=shared_threads)
 
     def show_iteration(iteration) -> None:
         decode = lambda ids: repr(engine.codec.decode(ids))  # noqa: E731

@@ -49,23 +49,19 @@ class GenerationStream:
         return self._pieces
 
 
-# Whether an engine with a draft model or head runs it and the target on one shared thread pool
-# (providers.shared_pool). Off: once that pool exists onnxruntime refuses every other session
-# in the process, the embedding service's own included (docs/DESIGN.md, "Threads").
-SHARE_POOL_WITH_DRAFTS = False
-
 class Engine:
     """A loaded artifact. Sessions are shared; each request makes its own caches, drafter and RNG."""
 
-    def __init__(self, artifact_dir: Path, manifest: Manifest, provider: str, threads: int | None):
+    def __init__(self, artifact_dir: Path, manifest: Manifest, provider: str, threads: int | None,
+                 shared_threads: bool = False):
         self.artifact_dir = artifact_dir
         self.manifest = manifest
         self.codec = TextCodec(artifact_dir, manifest.tokenizer)
         vocab = manifest.tokenizer.vocab_size
-        # A draft model (or head) and the target take turns: on one process-wide pool where it is
-        # free to make, else the draft's threads must not busy-wait on the cores the target needs
-        # next (docs/DESIGN.md, "Threads").
-        if SHARE_POOL_WITH_DRAFTS and (manifest.draft or manifest.feature_draft):
+        # A draft model (or head) and the target take turns: on one process-wide pool when asked
+        # for, else the draft's threads must not busy-wait on the cores the target needs next
+        # (docs/DESIGN.md, "Threads").
+        if shared_threads and (manifest.draft or manifest.feature_draft):
             shared_pool(threads)
         self.shared_pool = shared_pool_threads()  # its size, if this process's sessions share one pool
         self.target = ModelSession(artifact_dir, manifest.target, provider, threads, vocab_limit=vocab)
@@ -96,16 +92,20 @@ class Engine:
 
     @classmethod
     def load(cls, artifact_dir: str | Path, provider: str = "auto", threads: int | None = None,
-             check_files: bool = True) -> "Engine":
+             check_files: bool = True, shared_threads: bool = False) -> "Engine":
         """Return an Engine for an artifact folder.
 
         provider: "auto" (CUDA when usable, else CPU), "cuda" or "cpu". check_files
-        verifies every file's sha256 first. Raises ArtifactError/ManifestError/GenerationError.
+        verifies every file's sha256 first. shared_threads: run a draft model or head and the
+        target on onnxruntime's process-wide thread pool (faster drafting on few cores), which
+        then serves every onnxruntime session of the process and makes onnxruntime refuse
+        sessions that ask for their own pool: only for a process whose onnxruntime use is this
+        engine's. Raises ArtifactError/ManifestError/GenerationError.
         """
         if threads is not None and threads < 1:
             raise GenerationError(f"threads must be >= 1 (None: all cores), got {threads}")
         folder = Path(artifact_dir)
-        return cls(folder, load_manifest(folder, check_files=check_files), provider, threads)
+        return cls(folder, load_manifest(folder, check_files=check_files), provider, threads, shared_threads)
 
     @property
     def provider(self) -> str:

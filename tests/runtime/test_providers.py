@@ -1,6 +1,7 @@
 """Provider choice as onnxruntime-gpu behaves on a machine where CUDA cannot load: listed, then CPU."""
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -114,12 +115,10 @@ def test_checked_sessions_log_node_placements_and_write_a_profile(identity_graph
 
 _THREAD_COUNT_SCRIPT = """
 import os, sys
-import specdec.runtime.engine as engines
 from specdec.runtime.engine import Engine
-engines.SHARE_POOL_WITH_DRAFTS = True
 counts = []
 for threads, artifact in ((2, sys.argv[1]), (2, sys.argv[1]), (3, sys.argv[1]), (1, sys.argv[2])):
-    engine = Engine.load(artifact, provider="cpu", threads=threads)
+    engine = Engine.load(artifact, provider="cpu", threads=threads, shared_threads=True)
     counts.append((engine.shared_pool, len(os.listdir("/proc/self/task"))))
 print(counts)
 """
@@ -144,3 +143,14 @@ def test_shared_sessions_use_the_process_pool_and_ignore_spin(identity_graph):
     per_session = providers._session_options(str(identity_graph), 2, spin=False)
     assert per_session.intra_op_num_threads == 2
     assert per_session.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_generate_with_shared_threads_equals_per_session_pools(tiny_artifacts):
+    """`specdec generate --shared-threads` (own process): the same greedy tokens as without it."""
+    def run(*flags):
+        out = subprocess.run([sys.executable, "-m", "specdec.cli.main", "generate", str(tiny_artifacts["llama"]),
+                              "The quick brown fox", "--max-new-tokens", "24", "-k", "3", "--drafter", "model",
+                              "--json", "--threads", "2", *flags], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-500:]
+        return json.loads(out.stdout)["token_ids"]
+    assert run("--shared-threads") == run()
