@@ -21,7 +21,7 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
                    "--steps as recorded in the manifest, a run is repeated exactly.")
 @click.option("--resume", is_flag=True,
               help="Keep the data and checkpoint of the last run on this artifact (in .NAME.distill/ beside it) "
-                   "and train on for --minutes.")
+                   "and train on for --minutes (from step 0 when that run stopped after making its data).")
 @click.option("--prompts", type=click.IntRange(min=1), default=None,
               help="Training prompts the target answers (default: as many as the data share of --minutes allows).")
 @click.option("--steps", type=click.IntRange(min=1), default=None,
