@@ -30,8 +30,10 @@ MANIFEST_FORMAT = "specdec-artifact"
 # v3 added GraphSpec.kv_buffer ("shared": graphs an older runtime cannot drive) and the
 # length inputs that go with it; v1/v2 artifacts load as "concat".
 # v4 added GraphSpec.logits_rows_name, a required input an older runtime would not bind.
-MANIFEST_VERSION = 4
-SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4)
+# v5 added GraphSpec.min_rows: an older runtime would make 1-row calls to an int4 target and
+# leave its greedy output under speculation.
+MANIFEST_VERSION = 5
+SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4, 5)
 KV_BUFFERS = ("concat", "shared")
 FLOAT_DTYPES = ("fp32", "fp16")  # what `specdec export --dtype` may ask for
 WEIGHT_DTYPES = ("fp32", "fp16", "int8", "int4")  # GraphSpec.weights_dtype; `--weights`

@@ -209,8 +209,9 @@ class ModelSession:
             cache.inputs.bind(binding, spec.position_ids_name, positions)
         out_rows = n_fed
         if spec.logits_rows_name:
-            # The hidden output covers the rows the graph keeps (its last layer may run on those only).
-            out_rows = n_fed if hidden else rows + pad
+            # The hidden output covers the rows the graph keeps (its last layer may run on those only);
+            # min_rows also holds for the rows kept, since they go through the last layer's MatMuls.
+            out_rows = n_fed if hidden else min(max(rows + pad, spec.min_rows), n_fed)
             binding.bind_cpu_input(spec.logits_rows_name, np.array([out_rows], dtype=np.int64))
         if self.shared_kv:
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.

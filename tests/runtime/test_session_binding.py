@@ -66,10 +66,13 @@ def test_min_rows_pads_one_token_calls_and_changes_no_logit(tiny_artifacts):
     for a, b in zip(expected, got):
         assert a.shape == b.shape == (1, plain.vocab_limit)
         np.testing.assert_allclose(b, a, atol=1e-4)
-    # a call of min_rows tokens or more is fed as it is
+    # a call of min_rows tokens or more is fed as it is, and still keeps min_rows rows through the
+    # last layer (a prefill asking for its last row only gets 2 computed)
     fed.clear()
-    padded.forward(padded_cache, [1, 2, 3])
+    np.testing.assert_allclose(padded.forward(padded_cache, [1, 2, 3], logits_rows=1),
+                               plain.forward(plain_cache, [1, 2, 3], logits_rows=1), atol=1e-4)
     assert [s for n, s in fed if n == padded.spec.input_ids_name] == [(1, 3)]
+    assert all(shape[1] >= 2 for _, shape in padded_cache.bindings[False]._outputs)
 
 
 def _recording(bind, log):
