@@ -161,8 +161,8 @@ class ModelSession:
         `logits_rows_name` input computes only those (a prefill needs 1), an older one
         computes all and the rest are dropped here. A graph with `min_rows` > 1 is fed that
         many positions at least (the extra ones lie past the cache's length and are dropped).
-        The cache grows by len(token_ids) positions. Logits are cut to `vocab_limit` so ids that only pad an embedding matrix
-        can never be produced. With `hidden` (a graph with `hidden_name`, see `specdec distill`)
+        The cache grows by len(token_ids) positions. Logits are cut to `vocab_limit` so ids
+        that only pad an embedding matrix can never be produced. With `hidden` (a graph with `hidden_name`, see `specdec distill`)
         returns (logits, hidden states [len(token_ids), hidden] float32): every new position's
         LM-head input, for a drafter that reads the target's features.
         """
