@@ -27,6 +27,8 @@ from specdec.exporter.grouped_attention import producers_and_consumers
 LOGITS_ROWS_NAME = "num_logits_to_keep"
 _PASS_THROUGH = ("Cast", "Identity")  # what may sit between the lm_head and the logits output
 _LM_HEADS = ("MatMul", "MatMulNBits", "Gemm")
+# The slice's parameters, made by keep_trailing_logit_rows and reused by the last-layer rewrite.
+_STARTS, _ENDS, _AXES = (f"specdec_logits_rows_{part}" for part in ("starts", "ends", "axes"))
 
 
 def keep_trailing_logit_rows(model: onnx.ModelProto, logits_name: str = "logits") -> bool:
@@ -46,15 +48,14 @@ def keep_trailing_logit_rows(model: onnx.ModelProto, logits_name: str = "logits"
     if node is None or node.op_type not in _LM_HEADS:
         return False
     hidden = node.input[0]
-    starts, ends, axes = (f"specdec_logits_rows_{part}" for part in ("starts", "ends", "axes"))
     sliced = f"{hidden}_trailing_rows"
     graph.initializer.extend([
-        numpy_helper.from_array(np.array([np.iinfo(np.int64).max], dtype=np.int64), ends),
-        numpy_helper.from_array(np.array([1], dtype=np.int64), axes),
+        numpy_helper.from_array(np.array([np.iinfo(np.int64).max], dtype=np.int64), _ENDS),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), _AXES),
     ])
     graph.input.append(helper.make_tensor_value_info(LOGITS_ROWS_NAME, TensorProto.INT64, [1]))
-    negate = helper.make_node("Neg", [LOGITS_ROWS_NAME], [starts], name="specdec_logits_rows_neg")
-    cut = helper.make_node("Slice", [hidden, starts, ends, axes], [sliced], name="specdec_logits_rows_slice")
+    negate = helper.make_node("Neg", [LOGITS_ROWS_NAME], [_STARTS], name="specdec_logits_rows_neg")
+    cut = helper.make_node("Slice", [hidden, _STARTS, _ENDS, _AXES], [sliced], name="specdec_logits_rows_slice")
     position = list(graph.node).index(node)
     graph.node.insert(position, cut)
     graph.node.insert(position, negate)
@@ -112,21 +113,20 @@ def keep_trailing_rows_in_last_layer(model: onnx.ModelProto, logits_name: str = 
                     seen.add(id(reader))
                     frontier.append(reader)
     produced = {out for node in downstream for out in node.output} | {o_proj.output[0]}
-    allowed = produced | constants | {residual[0], "specdec_logits_rows_starts", ""}
+    allowed = produced | constants | {residual[0], _STARTS, ""}
     if any(name not in allowed for node in downstream for name in node.input):
         return False  # something after the norm reads a full-length tensor: slicing would mix row counts
     if not any(out == logits_name for node in downstream for out in node.output):
         return False
-    ends, axes = "specdec_logits_rows_ends", "specdec_logits_rows_axes"
     position = list(graph.node).index(o_proj)
     for k, (name, reader) in enumerate(((attention_out, o_proj), (residual[0], norm))):
         sliced = f"{name}_trailing_rows"
-        cut = helper.make_node("Slice", [name, "specdec_logits_rows_starts", ends, axes], [sliced],
+        cut = helper.make_node("Slice", [name, _STARTS, _ENDS, _AXES], [sliced],
                                name=f"specdec_last_layer_rows_slice_{k}")
         graph.node.insert(position, cut)
         reader.input[list(reader.input).index(name)] = sliced
     # The Neg that makes the slices' start sat by the lm_head; it reads a graph input only, so it can go first.
-    negate = producers["specdec_logits_rows_starts"]
+    negate = producers[_STARTS]
     graph.node.remove(negate)
     graph.node.insert(0, negate)
     return True
