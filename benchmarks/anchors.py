@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -24,6 +24,7 @@ class AnchorRun:
     max_new_tokens: int | None = None  # what was asked for (None: count every token)
     prefill_seconds: float | None = None  # the prompt's call (time to first token); None: not measured
     decode_seconds: float | None = None  # after the prefill to the last token; None: not measured
+    prefill_samples: list[float] = field(default_factory=list)  # more prefills of the prompt, timed before this run
 
     @property
     def tokens_per_second(self) -> float:

@@ -56,7 +56,7 @@ def _run_worker(python: Path, model_dir: Path, options: dict, command: str, job:
 
     with tempfile.TemporaryDirectory(prefix="specdec-genai-") as scratch:
         job = {**job, "model": str(configured_model(Path(model_dir), options, Path(scratch)))}
-        completed = subprocess.run([str(python), __file__, command], input=json.dumps(job), capture_output=True,
+        completed = subprocess.run([str(python), __file__, command], input=json.dumps(job) + "\n", capture_output=True,
                                    text=True, timeout=3600)
     if completed.returncode != 0:
         raise SpecdecError(f"{failure}: {completed.stderr.strip().splitlines()[-1:]}")
@@ -83,13 +83,26 @@ def fix_tokenizer(model_dir: str) -> None:
 
 
 def worker() -> None:
-    """In the genai venv: read {model, prompts: {id: ids}, max_new_tokens} on stdin, print runs as JSON."""
-    import time
-
+    """In the genai venv: per line of stdin, a job {model, prompts: {id: ids}, max_new_tokens, ...}; per job, one
+    line of runs as JSON. The model is loaded once: one worker serves one model for as many jobs as it is sent."""
     import onnxruntime_genai as og
 
-    job = json.load(sys.stdin)
-    model = og.Model(job["model"])
+    model, loaded = None, None
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        if model is None:
+            model, loaded = og.Model(job["model"]), job["model"]
+        elif job["model"] != loaded:
+            raise SystemExit(f"this worker serves {loaded}, not {job['model']}")
+        print(json.dumps(_genai_runs(og, model, job)), flush=True)
+
+
+def _genai_runs(og, model, job: dict) -> list[dict]:
+    """Return one job's runs: a warm-up on its first prompt, then greedy and n-gram runs of every prompt."""
+    import time
+
     runs = []
     warm = og.GeneratorParams(model)  # warm-up: the first generator pays one-time costs
     warm.set_search_options(do_sample=False, max_length=len(next(iter(job["prompts"].values()))) + 4)
@@ -100,6 +113,16 @@ def worker() -> None:
     modes = [("onnxruntime-genai greedy", None), ("onnxruntime-genai ngram", {"ngram_size": 3, "max_draft_tokens": 4})]
     for repeat in range(job.get("repeats", 1)):
         for prompt_id, ids in job["prompts"].items():
+            # One prefill is a noisy time to first token (+-30% here): time a few more, as the runs do theirs.
+            samples = []
+            for _ in range(job.get("prefill_samples", 0)):
+                params = og.GeneratorParams(model)
+                params.set_search_options(do_sample=False, max_length=len(ids) + job["max_new_tokens"])
+                generator = og.Generator(model, params)
+                prefill_start = time.perf_counter()
+                generator.append_tokens(ids)
+                samples.append(time.perf_counter() - prefill_start)
+                del generator
             for system, speculative in (modes if repeat % 2 == 0 else modes[::-1]):
                 params = og.GeneratorParams(model)
                 params.set_search_options(do_sample=False, max_length=len(ids) + job["max_new_tokens"])
@@ -118,8 +141,9 @@ def worker() -> None:
                 tokens = list(generator.get_sequence(0))[len(ids):]
                 runs.append({"system": system, "prompt_id": prompt_id, "token_ids": [int(t) for t in tokens],
                              "seconds": end - start, "prefill_seconds": decode_start - prefill_start,
-                             "decode_seconds": end - decode_start})
-    json.dump(runs, sys.stdout)
+                             "decode_seconds": end - decode_start,
+                             "prefill_samples": samples if speculative is None else []})
+    return runs
 
 
 def steps_worker() -> None:
@@ -159,19 +183,81 @@ def genai_step_times(python: Path, model_dir: Path, tokens: list[int], past_leng
 
 def run_genai(python: Path, model_dir: Path | None, prompt_ids: dict[str, list[int]], max_new_tokens: int,
               progress: Callable[[str], None] = lambda message: None, repeats: int = 1,
-              options: dict | None = None) -> list:
+              options: dict | None = None, prefill_samples: int = 0) -> list:
     """Return AnchorRuns from onnxruntime-genai, run by `python` (a venv with onnxruntime-genai), its
-    session set up with `options` (genai session_options; None: `session_options` on every core)."""
+    session set up with `options` (genai session_options; None: `session_options` on every core);
+    each greedy run carries `prefill_samples` more prefills of its prompt, timed just before it."""
     from specdec.benchmarks.anchors import AnchorRun
     from specdec.models.errors import SpecdecError
 
     if model_dir is None or not Path(model_dir, "genai_config.json").is_file():
         raise SpecdecError("--genai-python needs --genai-model, a folder made by genai's builder (make anchors-genai)")
     progress(f"onnxruntime-genai anchor: {model_dir}")
-    job = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "repeats": repeats}
+    job = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "repeats": repeats,
+           "prefill_samples": prefill_samples}
     out = _run_worker(python, Path(model_dir), options or session_options(os.cpu_count() or 1), "worker", job,
                       "onnxruntime-genai anchor failed")
     return [AnchorRun(**run, max_new_tokens=max_new_tokens) for run in json.loads(out)]
+
+
+class GenaiWorker:
+    """onnxruntime-genai's `worker` as one long-lived process: its model stays loaded between jobs.
+
+    `specdec bench` keeps one open for its whole run, so specdec and genai are each timed while
+    the other's process holds its model in memory. A worker started per prompt timed genai
+    alone with specdec's process holding ~0.6 GB while specdec ran without genai's: genai's
+    prefills read ~40% slower than with no other process, specdec's did not (docs/FAIR_ANCHORS.md).
+    """
+
+    def __init__(self, python: Path, model_dir: Path, options: dict):
+        from specdec.models.errors import SpecdecError
+
+        if model_dir is None or not Path(model_dir, "genai_config.json").is_file():
+            raise SpecdecError("--genai-python needs --genai-model, a folder made by genai's builder "
+                               "(make anchors-genai)")
+        self._scratch = tempfile.TemporaryDirectory(prefix="specdec-genai-")
+        self._model = configured_model(Path(model_dir), options, Path(self._scratch.name))
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._process = subprocess.Popen([str(python), __file__, "worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+
+    def run(self, prompt_ids: dict[str, list[int]], max_new_tokens: int, repeats: int = 1,
+            prefill_samples: int = 0) -> list:
+        """Return AnchorRuns for one job (see run_genai); raise SpecdecError if the worker fails."""
+        from specdec.benchmarks.anchors import AnchorRun
+        from specdec.models.errors import SpecdecError
+
+        job = {"model": str(self._model), "prompts": prompt_ids, "max_new_tokens": max_new_tokens,
+               "repeats": repeats, "prefill_samples": prefill_samples}
+        try:
+            self._process.stdin.write(json.dumps(job) + "\n")
+            self._process.stdin.flush()
+            line = self._process.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            self._stderr.seek(0)
+            said = self._stderr.read().strip().splitlines()[-1:]
+            raise SpecdecError(f"onnxruntime-genai anchor failed: {said}")
+        return [AnchorRun(**run, max_new_tokens=max_new_tokens) for run in json.loads(line)]
+
+    def close(self) -> None:
+        """End the worker (it exits at the end of its input) and remove its model view."""
+        if self._process.stdin and not self._process.stdin.closed:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._stderr.close()
+        self._scratch.cleanup()
+
+    def __enter__(self) -> "GenaiWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -16,6 +17,8 @@ import numpy as np
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
 from specdec.runtime.config import MAX_DRAFT_TOKENS, PROVIDER_CHOICES
+
+GENAI_PREFILL_SAMPLES = 3  # extra prefills per genai worker run: TTFT is a median, as specdec's (3 runs per repeat)
 
 
 def _machine() -> str:
@@ -104,15 +107,22 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     from specdec.benchmarks.genai_anchor import session_options
     genai_options = session_options(threads)
     # specdec and onnxruntime-genai take turns prompt by prompt, so both see the same machine state
-    # (turns a whole repeat long let a burst of other load fall on one side only).
-    for repeat in range(repeats):
-        for case in prompts:
-            runs += run_bench(engine, [case], configs, max_new_tokens, 1, progress, first_repeat=repeat)
-            if genai_python:
-                from specdec.benchmarks.genai_anchor import run_genai
+    # (turns a whole repeat long let a burst of other load fall on one side only); genai's worker
+    # lives through the whole run, so each side is timed while the other holds its model.
+    with contextlib.ExitStack() as stack:
+        genai = None
+        if genai_python:
+            from specdec.benchmarks.genai_anchor import GenaiWorker
 
-                anchor_runs += run_genai(genai_python, genai_model, {case.id: prompt_ids[case.id]}, max_new_tokens,
-                                         progress, options=genai_options)
+            progress(f"onnxruntime-genai anchor: {genai_model}, one worker process for the run")
+            genai = stack.enter_context(GenaiWorker(genai_python, genai_model, genai_options))
+        for repeat in range(repeats):
+            for case in prompts:
+                runs += run_bench(engine, [case], configs, max_new_tokens, 1, progress, first_repeat=repeat)
+                if genai is not None:
+                    progress(f"onnxruntime-genai: repeat {repeat + 1}, {case.id}")
+                    anchor_runs += genai.run({case.id: prompt_ids[case.id]}, max_new_tokens,
+                                             prefill_samples=GENAI_PREFILL_SAMPLES)
     ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
     # What a call over n tokens costs, from the speculative runs' own target calls (1-token
     # calls where nothing matched, up to K+1 where something did; auto's reach further), each
@@ -131,7 +141,10 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     head_to_head = target_vs_genai_rows(
         {case.id: [(r.stats.decode_tokens_per_second, r.stats.prefill_seconds) for r in runs
                    if r.config.name == BASELINE and r.prompt.id == case.id] for case in prompts},
-        anchor_runs, {pid: len(ids) for pid, ids in prompt_ids.items()})
+        anchor_runs, {pid: len(ids) for pid, ids in prompt_ids.items()},
+        # Model drafts prefill their own model too; target-only and n-gram runs make the same target call.
+        {case.id: [r.stats.prefill_seconds for r in runs if r.prompt.id == case.id and r.config.drafter in ("none", "ngram")]
+         for case in prompts})
     eos = sorted(engine.eos_token_ids)
     if anchors:  # PyTorch is slow here: one repeat
         anchor_runs += _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress)

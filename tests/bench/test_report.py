@@ -48,6 +48,11 @@ def test_target_vs_genai_pairs_medians_per_prompt():
     assert row["decode_ratio"] == pytest.approx(12.0 / 10.0) and row["ttft_ratio"] == pytest.approx(0.25 / 0.4)
     text = "\n".join(target_vs_genai_section(rows))
     assert "| p | 300 | 12.0 | 10.0 | 1.20x | 250 | 400 | 0.62x |" in text
+    # Every timed prefill counts where given: specdec's n-gram runs', genai's extra samples (not its n-gram mode's).
+    genai[0].prefill_samples = [0.2, 0.2, 0.2]
+    rows = target_vs_genai_rows({"p": [(12.0, 0.2)]}, genai, {"p": 300}, {"p": [0.2, 0.1, 0.1]})
+    assert rows[0]["ttft_seconds"] == pytest.approx(0.1) and rows[0]["genai_ttft_seconds"] == pytest.approx(0.25)
+    assert rows[0]["prefills"] == (3, 6) and rows[0]["runs"] == (1, 3)
     assert geometric_mean([2.0, 0.5]) == pytest.approx(1.0)
 
 
@@ -66,6 +71,34 @@ def test_genai_runs_on_a_copy_with_specdecs_session_options(tmp_path):
     assert options["log_id"] == "x" and options["graph_optimization_level"] == "ORT_ENABLE_ALL"
     assert (view / "model.onnx").read_bytes() == b"graph"
     assert json.loads((builder / "genai_config.json").read_text()) == config  # the builder's folder is untouched
+
+
+def test_one_genai_worker_serves_every_job_of_a_run(tmp_path):
+    """The bench keeps one genai process for the run: jobs go in as lines, runs come back as lines."""
+    from specdec.benchmarks.genai_anchor import GenaiWorker
+    from specdec.models.errors import SpecdecError
+
+    builder = tmp_path / "builder"
+    builder.mkdir()
+    (builder / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"session_options": {}}}}))
+    # Stands in for the genai venv's python: answers each job line with one run, tagged with its own pid.
+    fake = tmp_path / "python"
+    fake.write_text("#!/usr/bin/env python3\nimport json, os, sys\n"
+                    "for line in sys.stdin:\n"
+                    "    job = json.loads(line)\n"
+                    "    if job['prompts'] == {'bad': []}: sys.exit('genai says no')\n"
+                    "    (pid, ids), = job['prompts'].items()\n"
+                    "    print(json.dumps([{'system': str(os.getpid()), 'prompt_id': pid, 'token_ids': ids,\n"
+                    "                       'seconds': 1.0, 'prefill_seconds': 0.1, 'decode_seconds': 0.9,\n"
+                    "                       'prefill_samples': [0.1] * job['prefill_samples']}]), flush=True)\n")
+    fake.chmod(0o755)
+    with GenaiWorker(fake, builder, session_options(2)) as worker:
+        first = worker.run({"a": [1, 2]}, 8, prefill_samples=3)
+        second = worker.run({"b": [3]}, 8)
+        assert first[0].prompt_id == "a" and first[0].prefill_samples == [0.1] * 3 and first[0].max_new_tokens == 8
+        assert second[0].token_ids == [3] and second[0].system == first[0].system  # the same process
+        with pytest.raises(SpecdecError, match="genai says no"):
+            worker.run({"bad": []}, 8)
 
 
 def test_prompt_set_name():
