@@ -30,6 +30,9 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
               help="Share of --minutes spent making data when --prompts is not given.")
 @click.option("--sampled-share", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
               help="Share of the answers sampled at temperature 0.7 (the rest greedy).")
+@click.option("--self-written-share", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
+              help="Share of the training prompts the target writes itself (sampled user turns, filtered against the "
+                   "bench's prompts and the held-out topics); the rest come from the shipped templates.")
 @click.option("--max-new-tokens", type=click.IntRange(min=8), default=192, show_default=True,
               help="Longest answer the target writes per prompt.")
 @click.option("--vocab-subset", type=click.IntRange(min=2), default=8192, show_default=True,
@@ -47,7 +50,7 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
 @click.option("--json", "as_json", is_flag=True, help="Print the training record (the manifest's entry) as JSON.")
 @one_line_errors
 def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: int | None, steps: int | None,
-            data_share: float, sampled_share: float, max_new_tokens: int, vocab_subset: int, generate_dtype: str,
+            data_share: float, sampled_share: float, self_written_share: float, max_new_tokens: int, vocab_subset: int, generate_dtype: str,
             generate_batch: int, device: str, threads: int | None, as_json: bool) -> None:
     """Train an EAGLE-style draft head for ARTIFACT's target on the target's own answers, and write it in.
 
@@ -63,7 +66,8 @@ def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: in
     from specdec.exporter.distill.pipeline import DistillConfig, run_distill
 
     config = DistillConfig(artifact=artifact, minutes=minutes, seed=seed, resume=resume, prompts=prompts, steps=steps,
-                           data_share=data_share, sampled_share=sampled_share, max_new_tokens=max_new_tokens,
+                           data_share=data_share, sampled_share=sampled_share,
+                           self_written_share=self_written_share, max_new_tokens=max_new_tokens,
                            subset_size=vocab_subset, generate_dtype=generate_dtype, generate_batch=generate_batch,
                            device=device, threads=threads)
     manifest = run_distill(config, progress=elapsed_progress())

@@ -35,6 +35,37 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
     return tokenizer(prompt)["input_ids"]
 
 
+def _decode(model, batch: list[list[int]], eos_ids: list[int], pad: int, max_new_tokens: int, temperature: float,
+            seed: int) -> list[list[int]]:
+    """Return each row's continuation (left-padded batch, one `generate` call), ending at its first EOS (kept).
+
+    temperature 0: greedy; else sampled at that temperature (top-k/top-p off).
+    """
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids in batch)
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                             do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
+                             top_k=0 if temperature > 0 else None, top_p=1.0 if temperature > 0 else None,
+                             eos_token_id=eos_ids, pad_token_id=pad)
+    rows = []
+    for row in out[:, width:].tolist():
+        continuation = []
+        for token in row:
+            continuation.append(token)
+            if token in eos_ids:
+                break
+        rows.append(continuation)
+    return rows
+
+
+def _pad_id(tokenizer, eos_ids: list[int]) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+
+
 def generate_answers(model, tokenizer, prompts: list[str], eos_ids: list[int], max_new_tokens: int,
                      temperature: float, batch_size: int, seed: int, deadline: float | None = None,
                      progress: Callable[[int, int], None] | None = None) -> list[tuple[list[int], list[int]]]:
@@ -42,32 +73,45 @@ def generate_answers(model, tokenizer, prompts: list[str], eos_ids: list[int], m
 
     temperature 0: greedy; else sampled (top-k/top-p off). Answers end at the first EOS (kept).
     """
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    device = next(model.parameters()).device
+    pad = _pad_id(tokenizer, eos_ids)
     results = []
     for first in range(0, len(prompts), batch_size):
         if deadline is not None and time.monotonic() > deadline:
             break
         batch = [chat_ids(tokenizer, p) for p in prompts[first:first + batch_size]]
-        width = max(len(ids) for ids in batch)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
-        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
-        torch.manual_seed(seed + first)
-        with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                 do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-                                 top_k=0 if temperature > 0 else None, top_p=1.0 if temperature > 0 else None,
-                                 eos_token_id=eos_ids, pad_token_id=pad)
-        for ids, row in zip(batch, out[:, width:].tolist()):
-            answer = []
-            for token in row:
-                answer.append(token)
-                if token in eos_ids:
-                    break
-            results.append((ids, answer))
+        answers = _decode(model, batch, eos_ids, pad, max_new_tokens, temperature, seed + first)
+        results += list(zip(batch, answers))
         if progress:
             progress(len(results), sum(len(a) for _, a in results))
     return results
+
+
+_SENTINEL = "\u2063specdec-user-turn\u2063"
+
+
+def user_turn_prefix(tokenizer) -> list[int]:
+    """Return the token ids that open a user turn in the target's chat format (system prompt included).
+
+    Without a chat template: "Question: ", the plainest frame a base model continues with a request.
+    """
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False)
+        return tokenizer(text.split(_SENTINEL)[0], add_special_tokens=False)["input_ids"]
+    return tokenizer("Question: ")["input_ids"]
+
+
+def write_user_turns(model, tokenizer, count: int, eos_ids: list[int], seed: int, max_new_tokens: int = 64,
+                     temperature: float = 1.0) -> list[str]:
+    """Return `count` user requests the target writes itself: sampled continuations of a user turn's opening.
+
+    An instruct model asked for nothing writes what its users ask: tasks and topics no template list
+    has (Magpie-style self-instruct). Unfiltered ("" for a turn that did not end within
+    max_new_tokens): prompts.keep_user_turns picks the usable ones.
+    """
+    prefix = user_turn_prefix(tokenizer)
+    rows = _decode(model, [prefix] * count, eos_ids, _pad_id(tokenizer, eos_ids), max_new_tokens, temperature, seed)
+    # A turn cut off by max_new_tokens is no request: "" (keep_user_turns drops it).
+    return [tokenizer.decode(row[:-1], skip_special_tokens=True) if row and row[-1] in eos_ids else "" for row in rows]
 
 
 def generator_dtype(requested: str, device: str) -> torch.dtype:

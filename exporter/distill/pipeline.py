@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -26,7 +27,8 @@ from specdec.models.errors import ExportError, SpecdecError
 from specdec.models.manifest import (MANIFEST_FILENAME, FeatureDraftSpec, GraphSpec, Manifest, RuntimeDefaults,
                                      load_manifest, sha256_of_file)
 from specdec.exporter.distill.hidden_tap import HIDDEN_OUTPUT, add_hidden_output, compare_hidden
-from specdec.exporter.distill.prompts import heldout_prompts, training_prompts
+from specdec.exporter.distill.prompts import (HELDOUT_TOPICS, bench_prompts, heldout_prompts, keep_user_turns,
+                                              training_prompts)
 from specdec.runtime.theory import best_draft_length
 
 Progress = Callable[[str], None]
@@ -46,6 +48,7 @@ class DistillConfig:
     steps: int | None = None  # training steps in all; None: as many as the budget allows
     data_share: float = 0.45  # of the budget spent making data (the target answering prompts)
     sampled_share: float = 0.5  # of the answers sampled at temperature 0.7 rather than greedy
+    self_written_share: float = 0.5  # of the training prompts written by the target itself (the rest: templates)
     heldout: int = 16  # held-out prompts (topics no training prompt has), answered greedily
     max_new_tokens: int = 192  # per answer
     generate_batch: int = 64  # bigger batches decode more tokens per second (docs/DISTILL.md)
@@ -127,9 +130,21 @@ def _tap_target(artifact: Path, manifest: Manifest, model, tokenizer, progress: 
     return spec, report
 
 
+def _takes_turn(index: int, share: float) -> bool:
+    """Return whether turn `index` of an alternation goes to the side that gets `share` of the turns (evenly spread)."""
+    if share <= 0 or share >= 1:
+        return share >= 1
+    return (index * share) % 1.0 >= 1.0 - share - 1e-9
+
+
 def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, deadline: float, work: Path,
                progress: Progress) -> dict:
     """Answer prompts with the target and read its features over them; write train/heldout .npz; return sizes.
+
+    Training prompts come in chunks of `generate_batch`: templated ones, and (a
+    `self_written_share` of the chunks) user turns the target wrote itself, filtered by
+    keep_user_turns against the bench's prompts and the held-out topics, templates filling
+    what the filter dropped.
 
     Training answers are decoded, and then teacher-forced for their features, by a copy of the
     target in `generator_dtype` (bf16 where the hardware has it: 2-4x fp32 on the teacher-forced
@@ -142,7 +157,7 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
     import torch
 
     from specdec.exporter.distill.data import (features_of, generate_answers, generator_dtype, save_examples,
-                                               use_grouped_attention)
+                                               use_grouped_attention, write_user_turns)
 
     eos = list(manifest.tokenizer.eos_token_ids)
     started = time.monotonic()
@@ -154,23 +169,31 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
     heldout = generate_answers(generator, tokenizer, heldout_prompts(config.heldout, config.seed), eos,
                                config.max_new_tokens, 0.0, config.generate_batch, config.seed)
     held = features_of(model, heldout, sampled=False)
-    prompts = training_prompts(config.prompts or 100_000, config.seed)
+    templated = iter(training_prompts(100_000, config.seed))
+    avoid, seen = bench_prompts(), set()
     examples = []
     batch = config.generate_batch
-    chunk_index = 0
-    tokens = 0
+    chunk_index = tokens = written = kept = 0
     seconds = {"generate": 0.0, "features": 0.0}
     last_chunk = 0.0
-    for first in range(0, len(prompts), batch):
+    while config.prompts is None or len(examples) < config.prompts:
         # Stop before a batch that would end past the deadline (the last one's time predicts it).
         if config.prompts is None and examples and time.monotonic() + last_chunk > deadline:
             break
         chunk_started = time.monotonic()
-        sampled = (chunk_index * config.sampled_share) % 1.0 >= 1.0 - config.sampled_share - 1e-9 \
-            if 0 < config.sampled_share < 1 else config.sampled_share >= 1
+        size = batch if config.prompts is None else min(batch, config.prompts - len(examples))
+        sampled = _takes_turn(chunk_index, config.sampled_share)
+        prompts = []
+        if _takes_turn(chunk_index // 2, config.self_written_share):  # pairs of chunks: greedy and sampled answers
+            turns = write_user_turns(generator, tokenizer, size, eos, config.seed + 7919 * (chunk_index + 1))
+            prompts = keep_user_turns(turns, avoid, HELDOUT_TOPICS, seen)
+            written, kept = written + len(turns), kept + len(prompts)
+        prompts += list(itertools.islice(templated, size - len(prompts)))  # templates fill what was dropped
+        if not prompts:
+            break
+        answers = generate_answers(generator, tokenizer, prompts, eos, config.max_new_tokens,
+                                   0.7 if sampled else 0.0, batch, config.seed + batch * chunk_index)
         chunk_index += 1
-        answers = generate_answers(generator, tokenizer, prompts[first:first + batch], eos, config.max_new_tokens,
-                                   0.7 if sampled else 0.0, batch, config.seed + first)
         middle = time.monotonic()
         examples += features_of(generator, answers, sampled=sampled)
         seconds["generate"] += middle - chunk_started
@@ -178,7 +201,8 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
         last_chunk = time.monotonic() - chunk_started
         tokens += sum(len(a) for _, a in answers)
         rate = tokens / max(time.monotonic() - started, 1e-9)
-        progress(f"data: {len(examples)} answers, {tokens} answer tokens ({rate:.0f} tok/s, features included)")
+        progress(f"data: {len(examples)} answers ({kept} to prompts the target wrote), {tokens} answer tokens "
+                 f"({rate:.0f} tok/s, features included)")
     del generator
     if not examples:
         raise ExportError("no training data was made within the data share of the budget (the held-out answers "
@@ -188,6 +212,7 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
     data_seconds = time.monotonic() - started
     meta = {"prompts": len(examples), "greedy_answers": sum(not e.sampled for e in examples),
             "sampled_answers": sum(e.sampled for e in examples),
+            "self_written_prompts": kept, "self_written_turns_drafted": written,
             "answer_tokens": int(sum(len(e.ids) - e.answer_start for e in examples)),
             "positions": int(sum(len(e.ids) for e in examples)),
             "heldout_prompts": len(held), "heldout_answer_tokens": int(sum(len(e.ids) - e.answer_start for e in held)),
@@ -287,7 +312,9 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
             "heldout_acceptance": final, "untrained_heldout_acceptance": untrained, "curve": state.curve,
             "train_fit": fit, "untrained_train_fit": untrained_fit,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "reproduce": f"specdec distill ART --seed {config.seed} --prompts {meta['prompts']} --steps {state.step}",
+            "reproduce": f"specdec distill ART --seed {config.seed} --prompts {meta['prompts']} --steps {state.step}"
+                         + (f" --self-written-share {config.self_written_share:g}"
+                            if config.self_written_share != DistillConfig.self_written_share else ""),
         }
         return _write_head(artifact, manifest, target_spec, hidden_report, head.cpu(), subset, training, config,
                            progress)

@@ -48,6 +48,67 @@ def test_training_prompts_are_disjoint_from_bench_and_test_prompts():
                        for p in _bench_and_test_prompts(open_only=True)), topic
 
 
+def test_bench_prompts_ship_with_the_package():
+    from specdec.exporter.distill.prompts import bench_prompts
+
+    rows = bench_prompts()
+    assert len(rows) >= 18 and {group for group, _ in rows} == {"open", "grounded"}
+    assert {prompt for _, prompt in rows} <= set(_bench_and_test_prompts())
+
+
+def test_self_written_user_turns_are_filtered():
+    from specdec.exporter.distill.prompts import keep_user_turns
+
+    avoid = [("open", "Explain why the sky is blue to a ten year old."),
+             ("grounded", "Rewrite the following passage in simpler English, keeping every fact: ...")]
+    seen = {"what is a good name for a cat"}
+    turns = ["How do I fix a flat tire on my bike?",
+             "  How do I fix a flat tire on my BIKE  ",  # a repeat, up to case and spacing
+             "What is a good name for a cat?",  # kept by an earlier chunk
+             "Hi!", "x" * 401, "ok ok",  # too short, too long, too few words
+             "Why is the sky blue during the day?",  # a bench prompt's topic (sky, blue)
+             "Please rewrite the following passage in simpler words.",  # a bench prompt's 4-word phrase
+             "Tell me something about the rainbows in Hawaii.",  # a held-out topic
+             "Can you suggest a recipe for lentil soup?"]
+    kept = keep_user_turns(turns, avoid, ("rainbows",), seen)
+    assert kept == ["How do I fix a flat tire on my bike?", "Can you suggest a recipe for lentil soup?"]
+    assert "can you suggest a recipe for lentil soup" in seen
+    assert keep_user_turns(kept, avoid, (), seen) == []  # now seen
+
+
+def test_the_target_writes_user_turns_deterministically(tiny_sources, tmp_path):
+    from specdec.exporter.distill.data import user_turn_prefix, write_user_turns
+    from specdec.exporter.sources import load_source
+
+    loaded = load_source(str(tiny_sources["llama"][0]), tmp_path)
+    prefix = loaded.tokenizer.decode(user_turn_prefix(loaded.tokenizer))
+    opened = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], tokenize=False)
+    assert opened.startswith(prefix) and opened[len(prefix):].startswith("Hello")
+    eos = [loaded.tokenizer.eos_token_id]
+    first = write_user_turns(loaded.model, loaded.tokenizer, 6, eos, seed=3, max_new_tokens=12)
+    assert len(first) == 6 and first == write_user_turns(loaded.model, loaded.tokenizer, 6, eos, seed=3,
+                                                         max_new_tokens=12)
+
+
+def test_data_alternates_templated_and_self_written_chunks(tiny_sources, tiny_target_only_artifact, tmp_path):
+    """Chunks 0-1 templated, 2-3 user turns the target writes (share 0.5); templates fill what the filter drops."""
+    import time
+
+    from specdec.exporter.distill.data import load_examples
+    from specdec.exporter.distill.pipeline import DistillConfig, _make_data
+    from specdec.exporter.sources import load_source
+    from specdec.models.manifest import load_manifest
+
+    loaded = load_source(str(tiny_sources["llama"][0]), tmp_path / "src")
+    config = DistillConfig(artifact=tiny_target_only_artifact, prompts=16, generate_batch=4, heldout=2,
+                           max_new_tokens=8)
+    meta = _make_data(config, load_manifest(tiny_target_only_artifact), loaded.model, loaded.tokenizer,
+                      time.monotonic() + 600, tmp_path, progress=lambda message: None)
+    assert meta["prompts"] == 16 and len(load_examples(tmp_path / "train.npz")) == 16
+    assert meta["self_written_turns_drafted"] == 8 and 0 <= meta["self_written_prompts"] <= 8
+    assert meta["greedy_answers"] == meta["sampled_answers"] == 8
+
+
 def test_prompts_are_deterministic_for_a_seed():
     assert training_prompts(50, seed=3) == training_prompts(50, seed=3) != training_prompts(50, seed=4)
 
@@ -96,6 +157,7 @@ def test_distill_writes_a_head_the_manifest_describes(distilled_artifact):
     record = head.training
     assert record["seed"] == 0 and record["steps"] == 60 and record["data"]["prompts"] == 16
     assert record["data"]["answer_tokens"] > 0 and record["heldout_acceptance"]["positions"] > 0
+    assert record["data"]["self_written_turns_drafted"] == 0  # one chunk of 16 prompts: templates only
     assert manifest.validation["target_hidden"]["max_hidden_diff"] < 1e-3
     # Only the files the manifest names are left: the untapped graph is gone.
     listed = set(manifest.tokenizer.files) | set(head.files) | {f for g in manifest.graphs() for f in g.files}
