@@ -244,7 +244,7 @@ def main(fp32_artifact, int4_artifact, genai_python, genai_int4, prompts_file, m
     import datetime as _dt
 
     from specdec.benchmarks import PROMPTS_FILE
-    from specdec.benchmarks.genai_anchor import run_genai, session_options
+    from specdec.benchmarks.genai_anchor import GenaiWorker, session_options
     from specdec.cli.errors import elapsed_progress
     from specdec.runtime.engine import Engine
     from specdec.runtime.prompts import load_prompts
@@ -266,20 +266,27 @@ def main(fp32_artifact, int4_artifact, genai_python, genai_int4, prompts_file, m
                        for r in run_bench(int4, prompts, INT4_CONFIGS, max_new_tokens, 1, progress, first_repeat=repeat))
 
     def genai_rows(repeat):
-        if genai_python is None:
+        if genai is None:
             return
-        for run in run_genai(genai_python, genai_int4, prompt_ids, max_new_tokens, progress,
-                             options=session_options(threads)):
+        progress(f"onnxruntime-genai int4: repeat {repeat + 1}")
+        for run in genai.run(prompt_ids, max_new_tokens):
             case = next(c for c in prompts if c.id == run.prompt_id)
             records.append({"system": "genai", "config": run.system, "repeat": repeat, "prompt": run.prompt_id,
                             "group": case.group, "token_ids": run.token_ids[:max_new_tokens],
                             "decode_tps": run.decode_tokens_per_second, "alpha": 0.0, "c": 0.0,
                             "tokens_per_call": 0.0, "by_situation": {}})
 
-    for repeat in range(repeats):
-        steps = [fp32_rows, int4_rows, genai_rows]
-        for step in (steps if repeat % 2 == 0 else steps[::-1]):
-            step(repeat)
+    # One genai process for the whole run: each side is timed while the other holds its model
+    # (docs/FAIR_ANCHORS.md, round 3).
+    genai = GenaiWorker(genai_python, genai_int4, session_options(threads)) if genai_python else None
+    try:
+        for repeat in range(repeats):
+            steps = [fp32_rows, int4_rows, genai_rows]
+            for step in (steps if repeat % 2 == 0 else steps[::-1]):
+                step(repeat)
+    finally:
+        if genai is not None:
+            genai.close()
     doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "setup": f"{len(prompts)} prompts, {max_new_tokens} greedy tokens, {repeats} alternating repeats, "
                     f"{threads} threads for specdec and genai (genai: specdec's session settings), "
