@@ -83,8 +83,9 @@ def fix_tokenizer(model_dir: str) -> None:
 
 
 def worker() -> None:
-    """In the genai venv: per line of stdin, a job {model, prompts: {id: ids}, max_new_tokens, ...}; per job, one
-    line of runs as JSON. The model is loaded once: one worker serves one model for as many jobs as it is sent."""
+    """In the genai venv: per line of stdin, a job (runs: {model, prompts: {id: ids}, max_new_tokens, ...}; or
+    kind "steps": {model, tokens, past_lengths, new_tokens, repeats}); per job, one line of JSON. The model
+    is loaded once: one worker serves one model for as many jobs as it is sent."""
     import onnxruntime_genai as og
 
     model, loaded = None, None
@@ -96,7 +97,8 @@ def worker() -> None:
             model, loaded = og.Model(job["model"]), job["model"]
         elif job["model"] != loaded:
             raise SystemExit(f"this worker serves {loaded}, not {job['model']}")
-        print(json.dumps(_genai_runs(og, model, job)), flush=True)
+        work = _genai_steps if job.get("kind") == "steps" else _genai_runs
+        print(json.dumps(work(og, model, job)), flush=True)
 
 
 def _genai_runs(og, model, job: dict) -> list[dict]:
@@ -146,15 +148,11 @@ def _genai_runs(og, model, job: dict) -> list[dict]:
     return runs
 
 
-def steps_worker() -> None:
-    """In the genai venv: time one call over n new tokens after a past of P tokens; print JSON medians."""
+def _genai_steps(og, model, job: dict) -> list[dict]:
+    """Return one job's step times: a call over n new tokens after a past of P tokens, medians over repeats."""
     import statistics
     import time
 
-    import onnxruntime_genai as og
-
-    job = json.load(sys.stdin)
-    model = og.Model(job["model"])
     tokens = job["tokens"]
     out = []
     for past in job["past_lengths"]:
@@ -170,15 +168,7 @@ def steps_worker() -> None:
                 samples.append(time.perf_counter() - start)
                 generator.rewind_to(past)
             out.append({"past": past, "n": n, "seconds": statistics.median(samples)})
-    json.dump(out, sys.stdout)
-
-
-def genai_step_times(python: Path, model_dir: Path, tokens: list[int], past_lengths, new_tokens,
-                     repeats: int, options: dict) -> dict[tuple[str, int, int], float]:
-    """Return {("onnxruntime-genai", past, n): median seconds} measured in the genai venv with session `options`."""
-    job = {"tokens": tokens, "past_lengths": list(past_lengths), "new_tokens": list(new_tokens), "repeats": repeats}
-    out = _run_worker(python, model_dir, options, "steps", job, "onnxruntime-genai step timing failed")
-    return {("onnxruntime-genai", r["past"], r["n"]): r["seconds"] for r in json.loads(out)}
+    return out
 
 
 def run_genai(python: Path, model_dir: Path | None, prompt_ids: dict[str, list[int]], max_new_tokens: int,
@@ -225,10 +215,15 @@ class GenaiWorker:
             prefill_samples: int = 0) -> list:
         """Return AnchorRuns for one job (see run_genai); raise SpecdecError if the worker fails."""
         from specdec.benchmarks.anchors import AnchorRun
-        from specdec.models.errors import SpecdecError
 
         job = {"model": str(self._model), "prompts": prompt_ids, "max_new_tokens": max_new_tokens,
                "repeats": repeats, "prefill_samples": prefill_samples}
+        return [AnchorRun(**run, max_new_tokens=max_new_tokens) for run in json.loads(self._ask(job))]
+
+    def _ask(self, job: dict) -> str:
+        """Send one job; return the worker's line of JSON, or raise SpecdecError with what it last printed."""
+        from specdec.models.errors import SpecdecError
+
         try:
             self._process.stdin.write(json.dumps(job) + "\n")
             self._process.stdin.flush()
@@ -239,7 +234,13 @@ class GenaiWorker:
             self._stderr.seek(0)
             said = self._stderr.read().strip().splitlines()[-1:]
             raise SpecdecError(f"onnxruntime-genai anchor failed: {said}")
-        return [AnchorRun(**run, max_new_tokens=max_new_tokens) for run in json.loads(line)]
+        return line
+
+    def steps(self, tokens: list[int], past_lengths, new_tokens, repeats: int) -> dict[tuple[str, int, int], float]:
+        """Return {("onnxruntime-genai", past, n): median seconds of a call over n new tokens after `past`}."""
+        job = {"kind": "steps", "model": str(self._model), "tokens": tokens, "past_lengths": list(past_lengths),
+               "new_tokens": list(new_tokens), "repeats": repeats}
+        return {("onnxruntime-genai", r["past"], r["n"]): r["seconds"] for r in json.loads(self._ask(job))}
 
     def close(self) -> None:
         """End the worker (it exits at the end of its input) and remove its model view."""
@@ -268,7 +269,5 @@ if __name__ == "__main__":
         fix_tokenizer(sys.argv[2])
     elif command == "worker":
         worker()
-    elif command == "steps":
-        steps_worker()
     else:
         sys.exit("usage: genai_anchor.py save-hf GGUF OUT | fix-tokenizer DIR | worker < job.json")

@@ -254,17 +254,18 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
     # The graphs take turns call by call: without spin=False, one's busy-waiting threads slow the next.
     sessions = {name: ModelSession(path, load_manifest(path).target, provider, threads, spin=False)
                 for name, path in named}
-    from specdec.benchmarks.genai_anchor import session_options
+    from specdec.benchmarks.genai_anchor import GenaiWorker, session_options
     genai_options = session_options(threads, spin=False)
     repeats = max(repeats, 9)
-    medians = time_steps(sessions, repeats=repeats, progress=progress)
-    if genai_python:
-        from specdec.benchmarks.genai_anchor import genai_step_times
-
-        progress("onnxruntime-genai step times")
-        tokens = np.random.default_rng(0).integers(100, 40000, size=max(PAST_LENGTHS) + max(NEW_TOKENS)).tolist()
-        medians.update(genai_step_times(genai_python, genai_model, tokens, PAST_LENGTHS, NEW_TOKENS, repeats,
-                                        genai_options))
+    with contextlib.ExitStack() as stack:
+        # Started first: genai's process holds its model while specdec's cells are timed, as specdec's
+        # holds its graphs while genai's are (docs/FAIR_ANCHORS.md, round 3).
+        genai = stack.enter_context(GenaiWorker(genai_python, genai_model, genai_options)) if genai_python else None
+        medians = time_steps(sessions, repeats=repeats, progress=progress)
+        if genai is not None:
+            progress("onnxruntime-genai step times")
+            tokens = np.random.default_rng(0).integers(100, 40000, size=max(PAST_LENGTHS) + max(NEW_TOKENS)).tolist()
+            medians.update(genai.steps(tokens, PAST_LENGTHS, NEW_TOKENS, repeats))
     table = steps_table(medians)
     if as_json:
         click.echo(json.dumps([{"graph": g, "past": p, "new_tokens": n, "seconds": t}
@@ -275,8 +276,8 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
         header = (f"# Target step times\n\n- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}\n"
                   f"- machine: {_machine()}\n- command: `{' '.join(['specdec'] + sys.argv[1:])}`\n"
                   f"- {repeats} alternating repetitions per cell, medians; specdec sessions: {threads} intra-op "
-                  "threads, without thread spinning (they take turns); onnxruntime-genai in its own process, after "
-                  f"them, genai_config session_options {json.dumps(genai_options)}; graphs: "
+                  "threads, without thread spinning (they take turns); onnxruntime-genai in its own process (alive "
+                  f"throughout, timed after them), genai_config session_options {json.dumps(genai_options)}; graphs: "
                   + ", ".join(f"{n} = {p}" for n, p in named) + (", onnxruntime-genai = its builder's graph"
                                                                    if genai_python else "") + "\n\n")
         results.write_text(header + table + "\n")

@@ -86,6 +86,10 @@ def test_one_genai_worker_serves_every_job_of_a_run(tmp_path):
     fake.write_text("#!/usr/bin/env python3\nimport json, os, sys\n"
                     "for line in sys.stdin:\n"
                     "    job = json.loads(line)\n"
+                    "    if job.get('kind') == 'steps':\n"
+                    "        print(json.dumps([{'past': p, 'n': n, 'seconds': p + n} for p in job['past_lengths']\n"
+                    "                          for n in job['new_tokens']]), flush=True)\n"
+                    "        continue\n"
                     "    if job['prompts'] == {'bad': []}: sys.exit('genai says no')\n"
                     "    (pid, ids), = job['prompts'].items()\n"
                     "    print(json.dumps([{'system': str(os.getpid()), 'prompt_id': pid, 'token_ids': ids,\n"
@@ -97,6 +101,8 @@ def test_one_genai_worker_serves_every_job_of_a_run(tmp_path):
         second = worker.run({"b": [3]}, 8)
         assert first[0].prompt_id == "a" and first[0].prefill_samples == [0.1] * 3 and first[0].max_new_tokens == 8
         assert second[0].token_ids == [3] and second[0].system == first[0].system  # the same process
+        assert worker.steps([1] * 20, [4, 8], [1, 5], 3) == {("onnxruntime-genai", p, n): p + n
+                                                             for p in (4, 8) for n in (1, 5)}
         with pytest.raises(SpecdecError, match="genai says no"):
             worker.run({"bad": []}, 8)
 
