@@ -7,7 +7,8 @@ Set up by `make anchors-genai`:
   3. `fix-tokenizer` replaces the GGUF-derived tokenizer decoder, which genai misreads as
      SentencePiece-style (spaces would encode as -1), with a plain ByteLevel decoder.
 `specdec bench --genai-python .venv-genai/bin/python --genai-model DIR` then runs
-`worker` below in that venv on the same prompt ids as specdec, on a copy of DIR whose
+`worker` below in that venv (one process for the whole run, `GenaiWorker`) on the same
+prompt ids as specdec, on a copy of DIR whose
 genai_config.json carries specdec's session settings (`session_options`): genai's builder
 writes none, and genai's own default thread count ran this model at about half speed on
 a 2-core machine (24 against 45 tok/s).
@@ -16,12 +17,10 @@ a 2-core machine (24 against 45 tok/s).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 
 def session_options(threads: int, spin: bool = True) -> dict:
@@ -48,19 +47,6 @@ def configured_model(model_dir: Path, options: dict, folder: Path) -> Path:
     config["model"]["decoder"].setdefault("session_options", {}).update(options)
     (folder / "genai_config.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
     return folder
-
-
-def _run_worker(python: Path, model_dir: Path, options: dict, command: str, job: dict, failure: str) -> str:
-    """Run this file's `command` in the genai venv on a copy of `model_dir` with session `options`; return its stdout."""
-    from specdec.models.errors import SpecdecError  # imported here: the worker runs without specdec
-
-    with tempfile.TemporaryDirectory(prefix="specdec-genai-") as scratch:
-        job = {**job, "model": str(configured_model(Path(model_dir), options, Path(scratch)))}
-        completed = subprocess.run([str(python), __file__, command], input=json.dumps(job) + "\n", capture_output=True,
-                                   text=True, timeout=3600)
-    if completed.returncode != 0:
-        raise SpecdecError(f"{failure}: {completed.stderr.strip().splitlines()[-1:]}")
-    return completed.stdout
 
 
 def save_hf(gguf: str, out: str) -> None:
@@ -171,25 +157,6 @@ def _genai_steps(og, model, job: dict) -> list[dict]:
     return out
 
 
-def run_genai(python: Path, model_dir: Path | None, prompt_ids: dict[str, list[int]], max_new_tokens: int,
-              progress: Callable[[str], None] = lambda message: None, repeats: int = 1,
-              options: dict | None = None, prefill_samples: int = 0) -> list:
-    """Return AnchorRuns from onnxruntime-genai, run by `python` (a venv with onnxruntime-genai), its
-    session set up with `options` (genai session_options; None: `session_options` on every core);
-    each greedy run carries `prefill_samples` more prefills of its prompt, timed just before it."""
-    from specdec.benchmarks.anchors import AnchorRun
-    from specdec.models.errors import SpecdecError
-
-    if model_dir is None or not Path(model_dir, "genai_config.json").is_file():
-        raise SpecdecError("--genai-python needs --genai-model, a folder made by genai's builder (make anchors-genai)")
-    progress(f"onnxruntime-genai anchor: {model_dir}")
-    job = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "repeats": repeats,
-           "prefill_samples": prefill_samples}
-    out = _run_worker(python, Path(model_dir), options or session_options(os.cpu_count() or 1), "worker", job,
-                      "onnxruntime-genai anchor failed")
-    return [AnchorRun(**run, max_new_tokens=max_new_tokens) for run in json.loads(out)]
-
-
 class GenaiWorker:
     """onnxruntime-genai's `worker` as one long-lived process: its model stays loaded between jobs.
 
@@ -213,7 +180,9 @@ class GenaiWorker:
 
     def run(self, prompt_ids: dict[str, list[int]], max_new_tokens: int, repeats: int = 1,
             prefill_samples: int = 0) -> list:
-        """Return AnchorRuns for one job (see run_genai); raise SpecdecError if the worker fails."""
+        """Return AnchorRuns: a warm-up on the first prompt, then `repeats` x (genai greedy, genai n-gram) per
+        prompt, each greedy run carrying `prefill_samples` more prefills of its prompt timed just before it.
+        Raises SpecdecError if the worker fails."""
         from specdec.benchmarks.anchors import AnchorRun
 
         job = {"model": str(self._model), "prompts": prompt_ids, "max_new_tokens": max_new_tokens,
