@@ -99,7 +99,7 @@ _WORD = re.compile(r"[a-z0-9']+")
 _GENERIC = frozenset("""a an the and or but of to in on at for with about from by as is are was be it its this that
 these those i me my you your we our they them he she his her can could would should will do does did please
 write give tell explain describe list make create what how why who when where which some any one two three
-four five few short simple me more most very also just into than then there""".split())
+four five few short simple more most very also just into than then there""".split())
 
 
 def _words(text: str) -> list[str]:
