@@ -98,22 +98,24 @@ def _genai_runs(og, model, job: dict) -> list[dict]:
     warm_generator.append_tokens(next(iter(job["prompts"].values())))
     while not warm_generator.is_done():
         warm_generator.generate_next_token()
+    def greedy_params(ids):
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=len(ids) + job["max_new_tokens"])
+        return params
+
     modes = [("onnxruntime-genai greedy", None), ("onnxruntime-genai ngram", {"ngram_size": 3, "max_draft_tokens": 4})]
     for repeat in range(job.get("repeats", 1)):
         for prompt_id, ids in job["prompts"].items():
             # One prefill is a noisy time to first token (+-30% here): time a few more, as the runs do theirs.
             samples = []
             for _ in range(job.get("prefill_samples", 0)):
-                params = og.GeneratorParams(model)
-                params.set_search_options(do_sample=False, max_length=len(ids) + job["max_new_tokens"])
-                generator = og.Generator(model, params)
+                generator = og.Generator(model, greedy_params(ids))
                 prefill_start = time.perf_counter()
                 generator.append_tokens(ids)
                 samples.append(time.perf_counter() - prefill_start)
                 del generator
             for system, speculative in (modes if repeat % 2 == 0 else modes[::-1]):
-                params = og.GeneratorParams(model)
-                params.set_search_options(do_sample=False, max_length=len(ids) + job["max_new_tokens"])
+                params = greedy_params(ids)
                 if speculative:
                     if not hasattr(params, "set_speculative_options"):
                         continue

@@ -56,15 +56,15 @@ def target_vs_genai_rows(specdec: dict[str, list[tuple[float, float]]], anchor_r
         if not genai or not pairs:
             continue
         decode = statistics.median(p[0] for p in pairs)
-        ttft = statistics.median((specdec_prefills or {}).get(prompt_id) or [p[1] for p in pairs])
+        prefills = (specdec_prefills or {}).get(prompt_id) or [p[1] for p in pairs]
+        genai_prefills = [r.prefill_seconds for r in genai] + [s for r in genai for s in r.prefill_samples]
+        ttft, genai_ttft = statistics.median(prefills), statistics.median(genai_prefills)
         genai_decode = statistics.median(r.decode_tokens_per_second for r in genai)
-        genai_ttft = statistics.median([r.prefill_seconds for r in genai] + [s for r in genai for s in r.prefill_samples])
         out.append({"prompt": prompt_id, "prompt_tokens": prompt_tokens[prompt_id],
                     "decode_tokens_per_second": decode, "genai_decode_tokens_per_second": genai_decode,
                     "decode_ratio": decode / genai_decode, "ttft_seconds": ttft, "genai_ttft_seconds": genai_ttft,
                     "ttft_ratio": ttft / genai_ttft, "runs": (len(pairs), len(genai)),
-                    "prefills": (len((specdec_prefills or {}).get(prompt_id) or pairs),
-                                 len(genai) + sum(len(r.prefill_samples) for r in genai))})
+                    "prefills": (len(prefills), len(genai_prefills))})
     return out
 
 

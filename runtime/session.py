@@ -162,9 +162,10 @@ class ModelSession:
         computes all and the rest are dropped here. A graph with `min_rows` > 1 is fed that
         many positions at least (the extra ones lie past the cache's length and are dropped).
         The cache grows by len(token_ids) positions. Logits are cut to `vocab_limit` so ids
-        that only pad an embedding matrix can never be produced. With `hidden` (a graph with `hidden_name`, see `specdec distill`)
-        returns (logits, hidden states [len(token_ids), hidden] float32): every new position's
-        LM-head input, for a drafter that reads the target's features.
+        that only pad an embedding matrix can never be produced. With `hidden` (a graph with
+        `hidden_name`, see `specdec distill`) returns (logits, hidden states [len(token_ids),
+        hidden] float32): every new position's LM-head input, for a drafter that reads the
+        target's features.
         """
         n_new = len(token_ids)
         past = cache.length
