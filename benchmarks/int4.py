@@ -76,10 +76,12 @@ def agreement_rows(fp32_artifact: Path, int4_artifact: Path, genai_int4: Path | 
 
 
 def _precision(engine) -> str:
-    """Return how the int4 target computes: MatMulNBits accuracy level and the rows every call has."""
+    """Return how the int4 target computes: MatMulNBits accuracy level, and how its steps are kept exact."""
     spec = engine.target.spec
     level = spec.optimization.get("quantization", {}).get("accuracy_level", "?")
-    return f"MatMulNBits accuracy level {level}, min_rows {getattr(spec, 'min_rows', 1)}"
+    exact = (f"attention over 2+ query rows (attention_pad_rows {spec.attention_pad_rows})" if spec.attention_pad_rows
+             else f"min_rows {spec.min_rows}")
+    return f"MatMulNBits accuracy level {level}, {exact}"
 
 
 def _median_ratio(runs: list, baseline: dict, key) -> float:

@@ -66,9 +66,15 @@ def main() -> None:
               help="Llama family: rewrite attention over one preallocated KV buffer per tensor "
                    "(GroupQueryAttention; rollback is free). onnxruntime's CUDA GroupQueryAttention takes "
                    "fp16/bf16 only: for an fp32 artifact meant for a CUDA box, use --no-shared-kv.")
+@click.option("--exact-steps", is_flag=True,
+              help="Run the target's attention on two query rows at least (a throwaway copy of the last), so a "
+                   "1-token step scores its token bit-identically to a verify call and greedy speculative output "
+                   "equals target-only output to the bit. int4 targets always get it. Float targets without it "
+                   "differ by up to ~4e-5 in logits between the two paths (fp32 SmolLM2); with it a 1-token step "
+                   "costs ~3-10% more on a 2-core CPU (docs/DESIGN.md).")
 @one_line_errors
 def export(target, draft, output, dtype, weights, device, opset, trust_remote_code, force, atol, min_agreement,
-           revision, optimize, shared_kv) -> None:
+           revision, optimize, shared_kv, exact_steps) -> None:
     """Export a draft and a target model into one validated artifact folder."""
     from specdec.exporter.pipeline import ExportConfig, run_export
 
@@ -88,6 +94,7 @@ def export(target, draft, output, dtype, weights, device, opset, trust_remote_co
         revision=revision,
         optimize=optimize,
         shared_kv=shared_kv,
+        exact_steps=exact_steps,
         command=" ".join(["specdec"] + sys.argv[1:]),
     )
     run_export(config, progress)

@@ -35,8 +35,10 @@ from specdec.exporter.sources import LoadedSource, load_source
 from specdec.exporter.staging import check_output_path, staged_folder
 from specdec.exporter.tokenizer_check import check_tokenizers_compatible
 from specdec.exporter.quantize import DRAFT_ACCURACY_LEVEL, WEIGHT_CHOICES, quantize_graph, target_precision
-from specdec.exporter.validate import DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, validate_graph
+from specdec.exporter.validate import (DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, VALIDATION_PROMPTS, step_call_difference,
+                                      validate_graph)
 from specdec.exporter.agreement import AGREEMENT_FLOOR, float_answers, teacher_forced_agreement
+from specdec.exporter.attention_rows import ATTENTION_PAD_ROWS, pad_attention_file
 
 QUANTIZED_DRAFTS = ("int8", "int4")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -60,6 +62,9 @@ class ExportConfig:
     min_agreement: float | None = None  # greedy agreement validation needs; None: per-weights default
     optimize: bool = True  # run the optimization stage (onnxruntime fusions) where the family has one
     shared_kv: bool = True  # in that stage, one preallocated KV buffer per tensor where the family allows it
+    # a float target's attention over 2+ query rows, so steps and verify calls score alike to the bit
+    # (int4 targets always get it; see exporter/attention_rows.py)
+    exact_steps: bool = False
     revision: str | None = None
     command: str | None = None  # the command line, recorded in provenance
     library_versions: dict[str, str] = field(default_factory=dict)
@@ -79,6 +84,8 @@ def check_config(config: ExportConfig) -> ExportConfig:
         config = replace(config, dtype=config.weights, weights=None)
     if config.weights and config.dtype != "fp32":
         raise ExportError("--weights int8/int4 quantize an fp32 export; drop --dtype fp16")
+    if config.exact_steps and not (config.optimize and config.shared_kv):
+        raise ExportError("--exact-steps rewrites the shared KV buffer's attention: drop --no-optimize / --no-shared-kv")
     if config.draft and config.draft.startswith("quantized:") and \
             config.draft.split(":", 1)[1] not in QUANTIZED_DRAFTS:
         raise ExportError(f"--draft {config.draft}: expected quantized:int8 or quantized:int4")
@@ -133,12 +140,19 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
     shared = kv_buffer == "shared"
     # A rewrite may drop inputs (the shared buffer drops the mask): bind only what the graph still has.
     inputs = {i.name for i in onnx.load(str(folder / layout.files[0]), load_external_data=False).graph.input}
-    min_rows = 1
+    pad_attention = config.exact_steps
     if config.weights:
         progress(f"{role}: quantizing MatMul weights to {config.weights}")
-        level, min_rows = target_precision(config.weights, shared)
-        optimization["quantization"] = {**quantize_graph(folder / layout.files[0], config.weights, level),
-                                        "min_rows": min_rows}
+        level, needs_pad = target_precision(config.weights, shared)
+        pad_attention = pad_attention or needs_pad
+        optimization["quantization"] = quantize_graph(folder / layout.files[0], config.weights, level)
+    pad_rows = 0
+    if role == "target" and pad_attention and not shared:  # a draft's numbers only shape proposals
+        progress(f"{role}: no shared KV buffer (GroupQueryAttention) here, so steps keep their own attention path")
+    if role == "target" and pad_attention and shared:
+        progress(f"{role}: attention over two query rows at least (steps score like verify calls)")
+        pad_rows = ATTENTION_PAD_ROWS
+        optimization["attention_pad"] = {"layers": pad_attention_file(folder / layout.files[0]), "rows": pad_rows}
     if convert_to_fp16:
         progress(f"{role}: converting the graph to fp16")
         optimization["half_precision"] = convert_graph_to_fp16(folder / layout.files[0])
@@ -167,7 +181,8 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         past_names=layout.past_names,
         present_names=layout.present_names,
         logits_name=layout.logits_name,
-        max_positions=arch.max_positions(loaded.config),
+        # the pad rows are written one position past the call: they need positions of their own
+        max_positions=arch.max_positions(loaded.config) - pad_rows,
         vocab_size=int(loaded.config["vocab_size"]),
         weights_dtype=config.weights or config.dtype,
         source=loaded.source,
@@ -177,7 +192,7 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         seqlens_name=SEQLENS_NAME if shared else None,
         total_length_name=TOTAL_LENGTH_NAME if shared else None,
         logits_rows_name=LOGITS_ROWS_NAME if LOGITS_ROWS_NAME in inputs else None,
-        min_rows=min_rows,
+        attention_pad_rows=pad_rows,
     )
 
 
@@ -197,7 +212,6 @@ def _quantized_copy(target: GraphSpec, staging: Path, weights: str, progress: Pr
         weights_dtype=weights,
         source=f"quantized:{weights} of {target.source}",
         optimization={**target.optimization, "quantization": record},
-        min_rows=1,  # a draft's numbers only shape proposals: its 1-row kernel is fine
     )
 
 
@@ -291,6 +305,14 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
                     f"greedy agreement {report.greedy_agreement:.0%}, "
                     f"{report.greedy_mismatches_outside_ties} greedy mismatches outside near-ties"
                 )
+        prompts = [target.tokenizer(p, add_special_tokens=False)["input_ids"][:32] or [0] for p in VALIDATION_PROMPTS]
+        drift = step_call_difference(staging, target_spec, prompts)
+        validation["target"]["step_vs_call_max_diff"] = drift
+        progress(f"target: 1-token steps against the same tokens in one call: max |logit diff| {drift:.2e}"
+                 + (" (must be 0 with the attention pad)" if target_spec.attention_pad_rows else ""))
+        if target_spec.attention_pad_rows and drift != 0.0:
+            raise ExportError(f"target graph: 1-token steps and verify calls still differ by {drift:.3g} in logits "
+                              "after the attention pad; speculative greedy output would not be exact")
         manifest = Manifest(
             target=target_spec,
             draft=draft_spec,

@@ -28,26 +28,27 @@ from specdec.models.manifest import WEIGHT_DTYPES, sha256_of_file
 
 WEIGHT_CHOICES = WEIGHT_DTYPES
 BLOCK_SIZE = 32  # weights per scale: smaller blocks keep more accuracy, cost a little speed (genai's int4: 32)
-# MatMulNBits' compute precision on the CPU. Level 4 (int8 compute, genai's choice) is the fastest, but
-# its 1-row kernel rounds differently from its multi-row one (SmolLM2 int4: logits move by up to 1.2),
-# so a verify call would disagree with 1-token steps. Its multi-row path is row-independent (a
-# position scores bit-identically in calls of 2..300 rows), so an int4 target keeps level 4 and never
-# makes a 1-row call: min_rows 2, the runtime pads with a throwaway position (shared KV buffer only).
+# MatMulNBits' compute precision on the CPU. Level 4 (int8 compute, genai's choice) is the fastest, and
+# its rows are independent of each other (a position scores bit-identically in calls of 1..300 rows).
+# But it re-quantizes every activation to int8, so the ~6e-8 by which GroupQueryAttention's 1-row path
+# rounds differently from its multi-row one grows into logits up to 1.2 apart (SmolLM2 int4): a
+# verify call would disagree with 1-token steps. So an int4 target keeps level 4 and its attention
+# never runs on one query row (`attention_rows.pad_attention_queries`, shared KV buffer only).
 # Without a shared buffer, or at int8 (not measured), a target takes level 1 (fp32 compute, rows
 # independent to ~1e-4, but slower). A draft only shapes proposals: level 4, 1-row calls allowed.
 FAST_ACCURACY_LEVEL = 4
 EXACT_ACCURACY_LEVEL = 1
 TARGET_ACCURACY_LEVEL = EXACT_ACCURACY_LEVEL  # the level whatever the call shape (default of quantize_graph)
 DRAFT_ACCURACY_LEVEL = FAST_ACCURACY_LEVEL
-PADDED_MIN_ROWS = 2
 
 
-def target_precision(weights: str, shared_kv: bool) -> tuple[int, int]:
-    """Return (accuracy_level, min_rows) for a quantized target graph: the fast kernel with every call
-    padded to 2+ rows where the runtime can pad (int4, shared KV buffer), else fp32 compute."""
+def target_precision(weights: str, shared_kv: bool) -> tuple[int, bool]:
+    """Return (accuracy_level, pad_attention) for a quantized target graph: the fast kernel with
+    every attention call over 2+ query rows where the graph has the shared KV buffer's
+    GroupQueryAttention (int4), else fp32 compute and no padding."""
     if weights == "int4" and shared_kv:
-        return FAST_ACCURACY_LEVEL, PADDED_MIN_ROWS
-    return EXACT_ACCURACY_LEVEL, 1
+        return FAST_ACCURACY_LEVEL, True
+    return EXACT_ACCURACY_LEVEL, False
 
 
 def quantize_graph(graph_path: Path, weights: str, accuracy_level: int = TARGET_ACCURACY_LEVEL) -> dict[str, Any]:
@@ -55,7 +56,7 @@ def quantize_graph(graph_path: Path, weights: str, accuracy_level: int = TARGET_
 
     `accuracy_level`: MatMulNBits' compute precision (EXACT_ACCURACY_LEVEL keeps a target exact
     whatever its call shapes; FAST_ACCURACY_LEVEL is faster, for drafts, and for targets whose
-    calls all have 2+ rows: `target_precision`).
+    attention never runs on one query row: `target_precision`).
 
     Every MatMul with constant weights is quantized, the lm_head included (a tied one too,
     after folding its Transpose); at int4 a tied embedding then reads the lm_head's blocks;

@@ -102,3 +102,30 @@ def validate_graph(artifact_dir: Path, spec: GraphSpec, torch_model: Any, tokeni
         min_agreement=min_agreement,
         passed=passed,
     )
+
+
+def step_call_difference(artifact_dir: Path, spec: GraphSpec, prompts: list[list[int]], steps: int = 8) -> float:
+    """Return the max |logit difference| between 1-token steps and the same tokens scored in one call.
+
+    Per prompt: a prefill, then `steps` greedy 1-token steps (the target-only path), then the
+    prompt and those tokens again with the tokens in one call (the verify path). Speculative
+    greedy output equals target-only output to the bit only where this is 0: a graph with
+    `attention_pad_rows` must give 0; others report how far the two paths drift (fp32 SmolLM2:
+    ~4e-5).
+    """
+    session = ModelSession(artifact_dir, spec, provider="cpu")
+    worst = 0.0
+    for ids in prompts:
+        ids = ids[: max(1, min(len(ids), spec.max_positions - steps - 1))]
+        cache = session.new_cache()
+        row = session.forward(cache, ids, logits_rows=1)[-1]
+        tokens, step_rows = [], []
+        for _ in range(steps):
+            tokens.append(int(np.argmax(row)))
+            row = session.forward(cache, [tokens[-1]], logits_rows=1)[-1]
+            step_rows.append(row)
+        cache = session.new_cache()
+        session.forward(cache, ids, logits_rows=1)
+        call_rows = session.forward(cache, tokens)
+        worst = max(worst, float(np.abs(call_rows - np.array(step_rows)).max()))
+    return worst

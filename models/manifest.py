@@ -32,8 +32,10 @@ MANIFEST_FORMAT = "specdec-artifact"
 # v4 added GraphSpec.logits_rows_name, a required input an older runtime would not bind.
 # v5 added GraphSpec.min_rows: an older runtime would make 1-row calls to an int4 target and
 # leave its greedy output under speculation.
-MANIFEST_VERSION = 5
-SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4, 5)
+# v6 added GraphSpec.attention_pad_rows: the graph writes one position past each call, which an
+# older runtime would not reserve in the KV buffer.
+MANIFEST_VERSION = 6
+SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4, 5, 6)
 KV_BUFFERS = ("concat", "shared")
 FLOAT_DTYPES = ("fp32", "fp16")  # what `specdec export --dtype` may ask for
 WEIGHT_DTYPES = ("fp32", "fp16", "int8", "int4")  # GraphSpec.weights_dtype; `--weights`
@@ -89,6 +91,15 @@ class GraphSpec:
     # which is row-independent, so the runtime pads a 1-token call with a throwaway position past
     # the cache's length (shared KV buffer only) and every position is scored alike (docs/INT4.md).
     min_rows: int = 1
+    # Throwaway query rows the graph's attention appends to every call (exporter/attention_rows.py),
+    # so no token goes through the op's 1-row path: the graph writes that many positions past the
+    # call in the shared KV buffer, which must have room for them (max_positions leaves it).
+    attention_pad_rows: int = 0
+
+    @property
+    def kv_capacity_limit(self) -> int:
+        """Return the most positions a shared KV buffer of this graph may need: max_positions + attention_pad_rows."""
+        return self.max_positions + self.attention_pad_rows
 
     @property
     def graph_file(self) -> str:
@@ -259,6 +270,8 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         logits_rows_name=s("logits_rows_name", True),
         hidden_name=s("hidden_name", True),
         min_rows=1 if data.get("min_rows") is None else _get(data, "min_rows", (int,), where),
+        attention_pad_rows=(0 if data.get("attention_pad_rows") is None
+                            else _get(data, "attention_pad_rows", (int,), where)),
     )
     if not spec.files:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")
@@ -278,6 +291,9 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
     if spec.min_rows < 1 or (spec.min_rows > 1 and spec.kv_buffer != "shared"):
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.min_rows' must be 1, or more with a shared KV buffer "
                             f"(padding positions are dropped by length), got {spec.min_rows}")
+    if spec.attention_pad_rows not in (0, 1) or (spec.attention_pad_rows and spec.kv_buffer != "shared"):
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.attention_pad_rows' must be 0, or 1 with a shared KV "
+                            f"buffer, got {spec.attention_pad_rows}")
     if spec.kv_dtype not in ("float32", "float16"):
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.kv_dtype' must be float32 or float16, got {spec.kv_dtype}")
     return spec

@@ -127,9 +127,10 @@ class ModelSession:
                      for _ in self._past_names]
             return KVCache(tensors=empty, slicer=self.slicer, device=self.device,
                            max_positions=self.spec.max_positions)
-        size = max(1, min(capacity or DEFAULT_CAPACITY, self.spec.max_positions))
+        limit = self.spec.kv_capacity_limit
+        size = max(1, min(capacity or DEFAULT_CAPACITY, limit))
         return KVCache(tensors=self.pool.take(size), slicer=None, device=self.device,
-                       max_positions=self.spec.max_positions, pool=self.pool)
+                       max_positions=limit, pool=self.pool)
 
     def onnx_sessions(self) -> dict[str, ort.InferenceSession]:
         """Return this model's onnxruntime sessions by role: "model", and "kv_slice" for a concat cache."""
@@ -188,7 +189,7 @@ class ModelSession:
         fed = list(token_ids) + [token_ids[-1]] * pad
         n_fed = n_new + pad
         if self.shared_kv:
-            cache.reserve(past + n_fed)
+            cache.reserve(past + n_fed + spec.attention_pad_rows)  # the graph writes its pad rows there too
             call = cache.bindings.get(hidden)
             if call is None:
                 call = cache.bindings[hidden] = CallBinding(self.session.io_binding())

@@ -35,6 +35,7 @@ DRAFT_CATCH_UP = EXACTNESS + "::test_draft_cache_catches_up_on_exactly_what_it_h
 SELF_DRAFT = EXACTNESS + "::test_draft_equal_to_target_accepts_everything"
 MAX_NEW_TOKENS = EXACTNESS + "::test_max_new_tokens_is_exact"
 EOS_IN_BLOCK = EXACTNESS + "::test_eos_inside_an_accepted_block_ends_the_counts_there"
+ATTENTION_PAD = "tests/exporter/test_attention_rows.py"
 BINDING = "tests/runtime/test_session_binding.py"
 
 
@@ -119,6 +120,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "[0, out_rows - pad - rows: out_rows - pad, : self.vocab_limit]",
            "[0, out_rows - rows: out_rows, : self.vocab_limit]",
            (BINDING + "::test_min_rows_pads_one_token_calls_and_changes_no_logit",)),
+    Mutant("attention pad: its position not reserved in the KV buffer", "runtime/session.py",
+           "cache.reserve(past + n_fed + spec.attention_pad_rows)", "cache.reserve(past + n_fed)",
+           (ATTENTION_PAD + "::test_padded_steps_equal_verify_rows_to_the_bit",)),
 )
 
 

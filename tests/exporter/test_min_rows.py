@@ -1,23 +1,25 @@
-"""min_rows: an int4 target at MatMulNBits accuracy level 4 asks the runtime never to make a 1-row call."""
+"""min_rows (manifest v5): an int4 target of that version asks the runtime never to make a 1-row call.
+
+The exporter now writes `attention_pad_rows` instead (test_attention_rows.py); v5 artifacts still run."""
 
 import json
 import shutil
 
 import pytest
 
-from specdec.exporter.quantize import EXACT_ACCURACY_LEVEL, FAST_ACCURACY_LEVEL, PADDED_MIN_ROWS, target_precision
+from specdec.exporter.quantize import EXACT_ACCURACY_LEVEL, FAST_ACCURACY_LEVEL, target_precision
 from specdec.models.errors import ManifestError
 from specdec.models.manifest import MANIFEST_FILENAME, load_manifest, manifest_from_dict
 
 
 @pytest.mark.parametrize("weights, shared, expected", [
-    ("int4", True, (FAST_ACCURACY_LEVEL, PADDED_MIN_ROWS)),  # padding needs the length-only rollback
-    ("int4", False, (EXACT_ACCURACY_LEVEL, 1)),  # a concat cache would crop after every padded call
-    ("int8", True, (EXACT_ACCURACY_LEVEL, 1)),  # int8's level-4 kernels were not measured
+    ("int4", True, (FAST_ACCURACY_LEVEL, True)),  # the pad lives in GroupQueryAttention over the shared buffer
+    ("int4", False, (EXACT_ACCURACY_LEVEL, False)),  # a concat cache has no such op: fp32 compute
+    ("int8", True, (EXACT_ACCURACY_LEVEL, False)),  # int8's level-4 kernels were not measured
 ])
 def test_target_precision(weights, shared, expected):
     assert target_precision(weights, shared) == expected
-    assert expected[0] in (1, 4) and PADDED_MIN_ROWS == 2
+    assert expected[0] in (1, 4)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from specdec.exporter import pipeline
 from specdec.exporter.agreement import AGREEMENT_FLOOR, float_answers, teacher_forced_agreement
 from specdec.exporter.pipeline import ExportConfig, run_export
 from specdec.exporter.quantize import (DRAFT_ACCURACY_LEVEL, EXACT_ACCURACY_LEVEL, FAST_ACCURACY_LEVEL,
-                                      PADDED_MIN_ROWS, target_precision)
+                                      target_precision)
 from specdec.exporter.sources import load_source
 from specdec.models.errors import ExportError
 from specdec.models.manifest import load_manifest
@@ -49,12 +49,13 @@ def test_quantized_target_validates_and_decodes_exactly(quantized_artifacts, wei
     assert report["tokens"] > 0 and report["check"].startswith("teacher-forced")
     graph = onnx.load(str(out / spec.graph_file))
     assert any(node.op_type == "MatMulNBits" for node in graph.graph.node)
-    # At level 4 SmolLM2's 1-row calls score a position up to 1.2 logits away from multi-row calls: an
-    # int4 target keeps level 4 and asks the runtime for 2+ rows per call; int8 computes in fp32 (level 1).
-    level, min_rows = {"int8": (EXACT_ACCURACY_LEVEL, 1), "int4": (FAST_ACCURACY_LEVEL, PADDED_MIN_ROWS)}[weights]
-    assert _accuracy_levels(graph) == {level} and (level, min_rows) == target_precision(weights, True)
-    assert spec.kv_buffer == "shared" and spec.min_rows == min_rows
-    assert spec.optimization["quantization"]["min_rows"] == min_rows
+    # At level 4 SmolLM2's 1-token steps scored a position up to 1.2 logits away from verify calls: an
+    # int4 target keeps level 4 and its attention never runs on one query row; int8 computes in fp32 (level 1).
+    level, pad = {"int8": (EXACT_ACCURACY_LEVEL, False), "int4": (FAST_ACCURACY_LEVEL, True)}[weights]
+    assert _accuracy_levels(graph) == {level} and (level, pad) == target_precision(weights, True)
+    assert spec.kv_buffer == "shared" and spec.min_rows == 1 and spec.attention_pad_rows == int(pad)
+    assert ("attention_pad" in spec.optimization) == pad
+    assert manifest.validation["target"]["step_vs_call_max_diff"] == 0.0 or not pad
     engine = Engine.load(out, provider="cpu")
     plain = engine.generate("one, two, three, one, two,", GenerationConfig(max_new_tokens=24, drafter="none"))
     spec_run = engine.generate("one, two, three, one, two,", GenerationConfig(max_new_tokens=24, drafter="ngram"))
@@ -171,7 +172,7 @@ def test_quantized_copy_of_target_as_draft(tiny_sources, tmp_path):
 
     # A draft only shapes proposals: it keeps the fast int8-compute kernel.
     assert _accuracy_levels(onnx.load(str(out / manifest.draft.graph_file))) == {DRAFT_ACCURACY_LEVEL} == {4}
-    assert manifest.draft.min_rows == 1 and manifest.target.min_rows == 1
+    assert manifest.draft.attention_pad_rows == manifest.target.attention_pad_rows == 0  # an fp32 target: no pad
     engine = Engine.load(out, provider="cpu")
     plain = engine.generate("The quick brown fox", GenerationConfig(max_new_tokens=32, drafter="none"))
     spec = engine.generate("The quick brown fox", GenerationConfig(max_new_tokens=32, num_draft_tokens=4))
