@@ -135,11 +135,21 @@ def inspect(artifact, as_json, no_verify) -> None:
             click.echo(f"         plain optimum graph: {graph.optimization.get('note') or 'exported before the optimization stage'}")
         if "half_precision" in graph.optimization:
             click.echo("         fp16: exported in fp32 on the CPU, then converted (onnxruntime float16 converter)")
-        if report:
+        if "quantization" in graph.optimization:
+            click.echo(f"         quantized: {graph.optimization['quantization'].get('method', graph.weights_dtype)}")
+        if "max_logit_diff_prefill" in report:
             click.echo(
                 f"         validation: max |logit diff| {max(report['max_logit_diff_prefill'], report['max_logit_diff_step']):.2e} "
                 f"(atol {report['atol']:g}), greedy agreement {report['greedy_agreement']:.0%}"
             )
+        elif "agreement" in report:  # a quantized graph is judged by teacher-forced greedy agreement
+            click.echo(f"         validation: teacher-forced greedy agreement {report['agreement']:.1%} over "
+                       f"{report['tokens']} tokens (floor {report['min_agreement']:.0%})")
+        if graph.attention_pad_rows:
+            click.echo("         steps vs verify calls: bit-identical (attention over 2+ query rows)")
+        elif "step_vs_call_max_diff" in report:
+            click.echo(f"         steps vs verify calls: logits up to {report['step_vs_call_max_diff']:.1e} apart "
+                       "(export with --exact-steps for bit-identical)")
     if manifest.draft is None:
         click.echo("  draft  none (the runtime drafts by prompt lookup)")
     tok = manifest.tokenizer

@@ -108,3 +108,13 @@ def test_bad_attention_pad_rows_is_refused(exact_artifact, value, kv_buffer):
         data["target"].update(kv_buffer="concat", attention_mask_name="attention_mask", kv_slice_file="x.onnx")
     with pytest.raises(ManifestError, match="attention_pad_rows"):
         manifest_from_dict(data)
+
+
+def test_inspect_says_whether_steps_score_like_verify_calls(exact_artifact):
+    from click.testing import CliRunner
+
+    from specdec.cli.main import main
+
+    shown = CliRunner().invoke(main, ["inspect", str(exact_artifact)])
+    assert shown.exit_code == 0, shown.output
+    assert "steps vs verify calls: bit-identical" in shown.output

@@ -56,6 +56,9 @@ def test_quantized_target_validates_and_decodes_exactly(quantized_artifacts, wei
     assert spec.kv_buffer == "shared" and spec.min_rows == 1 and spec.attention_pad_rows == int(pad)
     assert ("attention_pad" in spec.optimization) == pad
     assert manifest.validation["target"]["step_vs_call_max_diff"] == 0.0 or not pad
+    shown = CliRunner().invoke(main, ["inspect", str(out)])  # a quantized report has no float logit bounds
+    assert shown.exit_code == 0 and "teacher-forced greedy agreement" in shown.output, shown.output
+    assert ("steps vs verify calls: bit-identical" in shown.output) == pad
     engine = Engine.load(out, provider="cpu")
     plain = engine.generate("one, two, three, one, two,", GenerationConfig(max_new_tokens=24, drafter="none"))
     spec_run = engine.generate("one, two, three, one, two,", GenerationConfig(max_new_tokens=24, drafter="ngram"))
