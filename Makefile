@@ -100,5 +100,5 @@ $(ARTIFACT)-plain/specdec.json: | $(STAMP)
 bench: $(STAMP) $(ARTIFACT)/specdec.json $(ARTIFACT)-plain/specdec.json anchors-genai
 	$(BIN)/specdec bench $(ARTIFACT) --output benchmarks/out --results benchmarks/RESULTS.md \
 		--genai-python $(GENAI_VENV)/bin/python --genai-model $(GENAI_MODEL)
-	$(BIN)/specdec bench $(ARTIFACT) --steps --compare plain=$(ARTIFACT)-plain --results benchmarks/STEPS.md \
+	$(BIN)/specdec bench $(ARTIFACT) --steps --repeats 45 --compare plain=$(ARTIFACT)-plain --results benchmarks/STEPS.md \
 		--genai-python $(GENAI_VENV)/bin/python --genai-model $(GENAI_MODEL)

@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+GENAI_SYSTEM = "onnxruntime-genai"  # the graph name of its step times (`bench --steps`)
+
 
 def session_options(threads: int, spin: bool = True) -> dict:
     """Return the genai `session_options` matching what specdec's target session runs with.
@@ -208,10 +210,10 @@ class GenaiWorker:
         return line
 
     def steps(self, tokens: list[int], past_lengths, new_tokens, repeats: int) -> dict[tuple[str, int, int], float]:
-        """Return {("onnxruntime-genai", past, n): median seconds of a call over n new tokens after `past`}."""
+        """Return {(GENAI_SYSTEM, past, n): median seconds of a call over n new tokens after `past`}."""
         job = {"kind": "steps", "model": str(self._model), "tokens": tokens, "past_lengths": list(past_lengths),
                "new_tokens": list(new_tokens), "repeats": repeats}
-        return {("onnxruntime-genai", r["past"], r["n"]): r["seconds"] for r in json.loads(self._ask(job))}
+        return {(GENAI_SYSTEM, r["past"], r["n"]): r["seconds"] for r in json.loads(self._ask(job))}
 
     def close(self) -> None:
         """End the worker (it exits at the end of its input) and remove its model view."""

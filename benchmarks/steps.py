@@ -4,6 +4,10 @@ Graphs are timed in alternation (each repetition visits all of them, order flipp
 time), and each figure is a median; the call is rolled back after every measurement so all
 start from the same cache. Sessions must be made with spin=False: graphs that take turns
 call by call would otherwise slow each other with busy-waiting threads (providers.py).
+A graph in another process (onnxruntime-genai's) cannot take turns call by call: `specdec
+bench --steps` times everything in rounds instead, both sides in every round, and reads the
+medians of the rounds (`median_of_rounds`) and the side-by-side ratio per round (`round_ratios`),
+since this machine's speed drifts by tens of percent over minutes.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from specdec.runtime.session import ModelSession
 
 PAST_LENGTHS = (64, 256, 1024)
 NEW_TOKENS = (1, 5, 8)
+STEP_REPEATS_PER_ROUND = 3  # `bench --steps`: repetitions of each cell per round
 
 
 def time_steps(sessions: dict[str, ModelSession], past_lengths: Sequence[int] = PAST_LENGTHS,
@@ -49,6 +54,39 @@ def time_steps(sessions: dict[str, ModelSession], past_lengths: Sequence[int] = 
         for (name, n), values in samples.items():
             medians[(name, past, n)] = statistics.median(values)
     return medians
+
+
+def median_of_rounds(rounds: list[dict[tuple[str, int, int], float]]) -> dict[tuple[str, int, int], float]:
+    """Return {(graph, past, n): median over the rounds of that cell's figure} (cells missing from a round skipped)."""
+    cells = dict.fromkeys(cell for figures in rounds for cell in figures)
+    return {cell: statistics.median(f[cell] for f in rounds if cell in f) for cell in cells}
+
+
+def round_ratios(rounds: list[dict[tuple[str, int, int], float]], numerator: str,
+                 denominator: str) -> dict[tuple[int, int], list[float]]:
+    """Return {(past, n): [numerator / denominator in each round that timed both]}: ratios of figures
+    taken minutes apart at most, where the medians of two separate runs drift more than the graphs differ."""
+    out: dict[tuple[int, int], list[float]] = {}
+    for figures in rounds:
+        for (graph, past, n), seconds in figures.items():
+            other = figures.get((denominator, past, n))
+            if graph == numerator and other:
+                out.setdefault((past, n), []).append(seconds / other)
+    return out
+
+
+def ratio_table(ratios: dict[tuple[int, int], list[float]], numerator: str, denominator: str) -> str:
+    """Return the per-round ratios as a Markdown table: median and range per past and call size."""
+    ns = sorted({n for _, n in ratios})
+    lines = [f"| {numerator} / {denominator}, past | " + " | ".join(f"{n} token{'s' if n > 1 else ''}" for n in ns)
+             + " |", "|---|" + "---|" * len(ns)]
+    for past in sorted({p for p, _ in ratios}):
+        cells = []
+        for n in ns:
+            values = ratios.get((past, n), [])
+            cells.append(f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})" if values else "")
+        lines.append(f"| {past} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def steps_table(medians: dict[tuple[str, int, int], float]) -> str:

@@ -51,7 +51,8 @@ def _versions() -> dict[str, str]:
 @click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=128, show_default=True,
               help="Tokens generated per prompt and run (greedy).")
 @click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True,
-              help="Times every (prompt, configuration) runs; the report quotes medians.")
+              help="Times every (prompt, configuration) runs; the report quotes medians. With --steps: "
+                   "repetitions per cell, in rounds of 3 interleaved with genai's (at least 3 rounds).")
 @click.option("-k", "--num-draft-tokens", type=click.IntRange(1, MAX_DRAFT_TOKENS), default=None,
               help="Fixed K of the speculative configurations (default: the artifact's tuned K, else 4).")
 @click.option("--anchors/--no-anchors", default=True, show_default=True,
@@ -75,7 +76,8 @@ def _versions() -> dict[str, str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the Markdown table.")
 @click.option("--no-plot", is_flag=True, help="Write no PNG.")
 @click.option("--steps", is_flag=True,
-              help="Instead: time one target call over 1/5/8 new tokens at past 64/256/1024 (alternating graphs).")
+              help="Instead: time one target call over 1/5/8 new tokens at past 64/256/1024 (graphs taking turns, "
+                   "onnxruntime-genai's in the same rounds when --genai-python is given).")
 @click.option("--compare", "compare", multiple=True, type=click.Path(path_type=Path), metavar="NAME=ARTIFACT",
               help="With --steps: another artifact's target graph to time alongside (repeatable).")
 @one_line_errors
@@ -240,7 +242,8 @@ def _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progres
 
 
 def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider, threads, results, as_json) -> None:
-    from specdec.benchmarks.steps import NEW_TOKENS, PAST_LENGTHS, steps_table, time_steps
+    from specdec.benchmarks.steps import (NEW_TOKENS, PAST_LENGTHS, STEP_REPEATS_PER_ROUND, median_of_rounds,
+                                          ratio_table, round_ratios, steps_table, time_steps)
     from specdec.models.manifest import load_manifest
     from specdec.runtime.session import ModelSession
 
@@ -254,30 +257,44 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
     # The graphs take turns call by call: without spin=False, one's busy-waiting threads slow the next.
     sessions = {name: ModelSession(path, load_manifest(path).target, provider, threads, spin=False)
                 for name, path in named}
-    from specdec.benchmarks.genai_anchor import GenaiWorker, session_options
+    from specdec.benchmarks.genai_anchor import GENAI_SYSTEM, GenaiWorker, session_options
     genai_options = session_options(threads, spin=False)
-    repeats = max(repeats, 9)
+    rounds = max(3, -(-max(repeats, 9) // STEP_REPEATS_PER_ROUND))
+    figures: list[dict] = []
     with contextlib.ExitStack() as stack:
         # Started first: genai's process holds its model while specdec's cells are timed, as specdec's
         # holds its graphs while genai's are (docs/FAIR_ANCHORS.md, round 3).
         genai = stack.enter_context(GenaiWorker(genai_python, genai_model, genai_options)) if genai_python else None
-        medians = time_steps(sessions, repeats=repeats, progress=progress)
-        if genai is not None:
-            progress("onnxruntime-genai step times")
-            tokens = np.random.default_rng(0).integers(100, 40000, size=max(PAST_LENGTHS) + max(NEW_TOKENS)).tolist()
-            medians.update(genai.steps(tokens, PAST_LENGTHS, NEW_TOKENS, repeats))
+        tokens = np.random.default_rng(0).integers(100, 40000, size=max(PAST_LENGTHS) + max(NEW_TOKENS)).tolist()
+        for number in range(rounds):
+            progress(f"round {number + 1} of {rounds}")
+            cells: dict = {}
+            # Both sides in every round, who goes first alternating: the machine drifts over minutes.
+            sides = [lambda: time_steps(sessions, repeats=STEP_REPEATS_PER_ROUND)]
+            if genai is not None:
+                sides.append(lambda: genai.steps(tokens, PAST_LENGTHS, NEW_TOKENS, STEP_REPEATS_PER_ROUND))
+            for side in (sides if number % 2 == 0 else sides[::-1]):
+                cells.update(side())
+            figures.append(cells)
+    medians = median_of_rounds(figures)
     table = steps_table(medians)
+    if genai_python:
+        table += "\n\n" + ratio_table(round_ratios(figures, "specdec", GENAI_SYSTEM), "specdec", GENAI_SYSTEM)
     if as_json:
-        click.echo(json.dumps([{"graph": g, "past": p, "new_tokens": n, "seconds": t}
+        click.echo(json.dumps([{"graph": g, "past": p, "new_tokens": n, "seconds": t,
+                                "rounds": [f[(g, p, n)] for f in figures if (g, p, n) in f]}
                                for (g, p, n), t in medians.items()], indent=2))
     else:
         click.echo(table)
     if results:
         header = (f"# Target step times\n\n- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}\n"
                   f"- machine: {_machine()}\n- command: `{' '.join(['specdec'] + sys.argv[1:])}`\n"
-                  f"- {repeats} alternating repetitions per cell, medians; specdec sessions: {threads} intra-op "
-                  "threads, without thread spinning (they take turns); onnxruntime-genai in its own process (alive "
-                  f"throughout, timed after them), genai_config session_options {json.dumps(genai_options)}; graphs: "
+                  f"- {rounds} rounds; in each, {STEP_REPEATS_PER_ROUND} alternating repetitions per cell of every "
+                  "specdec graph, and of onnxruntime-genai's (who goes first alternates by round); figures are "
+                  "medians of the rounds' medians, and the last table gives specdec / genai per round (median and "
+                  f"range); specdec sessions: {threads} intra-op threads, without thread spinning (they take turns); "
+                  "onnxruntime-genai in its own process, alive throughout, genai_config session_options "
+                  f"{json.dumps(genai_options)}; graphs: "
                   + ", ".join(f"{n} = {p}" for n, p in named) + (", onnxruntime-genai = its builder's graph"
                                                                    if genai_python else "") + "\n\n")
         results.write_text(header + table + "\n")

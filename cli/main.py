@@ -71,7 +71,7 @@ def main() -> None:
                    "1-token step scores its token bit-identically to a verify call and greedy speculative output "
                    "equals target-only output to the bit. int4 targets always get it. Float targets without it "
                    "differ by up to ~4e-5 in logits between the two paths (fp32 SmolLM2); with it a 1-token step "
-                   "costs ~3-10% more on a 2-core CPU (docs/DESIGN.md).")
+                   "costs 1-12% more on a 2-core CPU, more at long pasts (docs/DESIGN.md).")
 @one_line_errors
 def export(target, draft, output, dtype, weights, device, opset, trust_remote_code, force, atol, min_agreement,
            revision, optimize, shared_kv, exact_steps) -> None:

@@ -71,3 +71,15 @@ def test_held_out_prompt_set_loads_and_shares_no_prompt_with_the_bench_set():
     assert {p.group for p in heldout} == {"grounded", "open"} and len(heldout) == 12
     assert not {p.id for p in heldout} & {p.id for p in bench}
     assert not {p.prompt for p in heldout} & {p.prompt for p in bench}
+
+
+def test_step_rounds_give_medians_and_paired_ratios():
+    from specdec.benchmarks.steps import median_of_rounds, ratio_table, round_ratios
+
+    # a machine that slows down 2x between rounds: each round's ratio stays 0.8, the medians drift
+    rounds = [{("specdec", 64, 1): 0.8 * k, ("genai", 64, 1): 1.0 * k, ("plain", 64, 1): 3.0 * k} for k in (1, 2, 4)]
+    rounds[2].pop(("genai", 64, 1))  # a round that missed one side gives no ratio
+    assert median_of_rounds(rounds) == {("specdec", 64, 1): 1.6, ("genai", 64, 1): 1.5, ("plain", 64, 1): 6.0}
+    ratios = round_ratios(rounds, "specdec", "genai")
+    assert ratios == {(64, 1): [0.8, 0.8]}
+    assert "| 64 | 0.80x (0.80-0.80) |" in ratio_table(ratios, "specdec", "genai")
