@@ -76,9 +76,10 @@ def round_ratios(rounds: list[dict[tuple[str, int, int], float]], numerator: str
 
 
 def ratio_table(ratios: dict[tuple[int, int], list[float]], numerator: str, denominator: str) -> str:
-    """Return the per-round ratios as a Markdown table: median and range per past and call size."""
+    """Return the per-round ratios (of call times: above 1, the numerator is slower) as a Markdown table:
+    median and range per past and call size."""
     ns = sorted({n for _, n in ratios})
-    lines = [f"| {numerator} / {denominator}, past | " + " | ".join(f"{n} token{'s' if n > 1 else ''}" for n in ns)
+    lines = [f"| time {numerator} / {denominator}, past | " + " | ".join(f"{n} token{'s' if n > 1 else ''}" for n in ns)
              + " |", "|---|" + "---|" * len(ns)]
     for past in sorted({p for p, _ in ratios}):
         cells = []
