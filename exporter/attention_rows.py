@@ -85,7 +85,6 @@ def pad_attention_queries(model: onnx.ModelProto) -> int:
     return len(attention)
 
 
-
 def pad_attention_file(graph_path: Path) -> int:
     """Rewrite the graph at `graph_path` with `pad_attention_queries` (replaced atomically); return the nodes rewritten."""
     model = onnx.load(str(graph_path))

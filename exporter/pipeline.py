@@ -147,12 +147,13 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         pad_attention = pad_attention or needs_pad
         optimization["quantization"] = quantize_graph(folder / layout.files[0], config.weights, level)
     pad_rows = 0
-    if role == "target" and pad_attention and not shared:  # a draft's numbers only shape proposals
-        progress(f"{role}: no shared KV buffer (GroupQueryAttention) here, so steps keep their own attention path")
-    if role == "target" and pad_attention and shared:
-        progress(f"{role}: attention over two query rows at least (steps score like verify calls)")
-        pad_rows = ATTENTION_PAD_ROWS
-        optimization["attention_pad"] = {"layers": pad_attention_file(folder / layout.files[0]), "rows": pad_rows}
+    if role == "target" and pad_attention:  # a draft's numbers only shape proposals: never padded
+        if shared:
+            progress(f"{role}: attention over two query rows at least (steps score like verify calls)")
+            pad_rows = ATTENTION_PAD_ROWS
+            optimization["attention_pad"] = {"layers": pad_attention_file(folder / layout.files[0]), "rows": pad_rows}
+        else:
+            progress(f"{role}: no shared KV buffer (GroupQueryAttention) here: steps keep their own attention path")
     if convert_to_fp16:
         progress(f"{role}: converting the graph to fp16")
         optimization["half_precision"] = convert_graph_to_fp16(folder / layout.files[0])

@@ -86,10 +86,9 @@ class GraphSpec:
     # Output holding the state that feeds the LM head (after the final norm), [batch, seq, hidden],
     # for a drafter that reads the target's features (`specdec distill` adds it); None: no such output.
     hidden_name: str | None = None
-    # Fewest tokens (and logits rows) any call may have. 2 for an int4/int8 target at MatMulNBits
-    # accuracy level 4: its CPU kernel for a 1-row call rounds differently from the multi-row one,
-    # which is row-independent, so the runtime pads a 1-token call with a throwaway position past
-    # the cache's length (shared KV buffer only) and every position is scored alike (docs/INT4.md).
+    # Fewest tokens (and logits rows) any call may have (v5 int4 targets; the exporter now writes
+    # attention_pad_rows instead, same numbers): the runtime pads a shorter call with throwaway
+    # positions past the cache's length (shared KV buffer only), so no call has a 1-row attention.
     min_rows: int = 1
     # Throwaway query rows the graph's attention appends to every call (exporter/attention_rows.py),
     # so no token goes through the op's 1-row path: the graph writes that many positions past the
