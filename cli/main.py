@@ -72,9 +72,14 @@ def main() -> None:
                    "equals target-only output to the bit. int4 targets always get it. Float targets without it "
                    "differ by up to ~4e-5 in logits between the two paths (fp32 SmolLM2); with it a 1-token step "
                    "costs 1-12% more on a 2-core CPU, more at long pasts (docs/DESIGN.md).")
+@click.option("--greedy-head", is_flag=True,
+              help="fp32 targets: also write an 8-bit copy of the LM head that greedy calls on the CPU read "
+                   "instead of the fp32 one, with an error bound per token; the few tokens whose bound reaches "
+                   "the best are recomputed in fp32, so the argmax is the fp32 head's. A greedy SmolLM2 step reads "
+                   "~28 MB of head instead of 113 (docs/DESIGN.md); sampling keeps the fp32 head. Adds ~140 MB.")
 @one_line_errors
 def export(target, draft, output, dtype, weights, device, opset, trust_remote_code, force, atol, min_agreement,
-           revision, optimize, shared_kv, exact_steps) -> None:
+           revision, optimize, shared_kv, exact_steps, greedy_head) -> None:
     """Export a draft and a target model into one validated artifact folder."""
     from specdec.exporter.pipeline import ExportConfig, run_export
 
@@ -95,6 +100,7 @@ def export(target, draft, output, dtype, weights, device, opset, trust_remote_co
         optimize=optimize,
         shared_kv=shared_kv,
         exact_steps=exact_steps,
+        greedy_head=greedy_head,
         command=" ".join(["specdec"] + sys.argv[1:]),
     )
     run_export(config, progress)
@@ -145,6 +151,12 @@ def inspect(artifact, as_json, no_verify) -> None:
         elif "agreement" in report:  # a quantized graph is judged by teacher-forced greedy agreement
             click.echo(f"         validation: teacher-forced greedy agreement {report['agreement']:.1%} over "
                        f"{report['tokens']} tokens (floor {report['min_agreement']:.0%})")
+        if graph.greedy_head:
+            check = report.get("greedy_head", {})
+            click.echo("         greedy calls (CPU): an 8-bit LM head, the fp32 argmax kept by a bound"
+                       + (f" ({check['candidates_median']:.0f} tokens recomputed in fp32 at the median, "
+                          f"{check['candidates_max']} at most, over {check['positions']} validation positions)"
+                          if check else ""))
         if graph.attention_pad_rows:
             click.echo("         steps vs verify calls: bit-identical (attention over 2+ query rows)")
         elif "step_vs_call_max_diff" in report:

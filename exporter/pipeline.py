@@ -35,10 +35,11 @@ from specdec.exporter.sources import LoadedSource, load_source
 from specdec.exporter.staging import check_output_path, staged_folder
 from specdec.exporter.tokenizer_check import check_tokenizers_compatible
 from specdec.exporter.quantize import DRAFT_ACCURACY_LEVEL, WEIGHT_CHOICES, quantize_graph, target_precision
-from specdec.exporter.validate import (DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, VALIDATION_PROMPTS, step_call_difference,
-                                      validate_graph)
+from specdec.exporter.validate import (DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, VALIDATION_PROMPTS, greedy_head_check,
+                                      step_call_difference, validate_graph)
 from specdec.exporter.agreement import AGREEMENT_FLOOR, float_answers, teacher_forced_agreement
 from specdec.exporter.attention_rows import ATTENTION_PAD_ROWS, pad_attention_file
+from specdec.exporter.greedy_head import FOLDER as GREEDY_HEAD_FOLDER, write_greedy_head
 
 QUANTIZED_DRAFTS = ("int8", "int4")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -65,6 +66,8 @@ class ExportConfig:
     # a float target's attention over 2+ query rows, so steps and verify calls score alike to the bit
     # (int4 targets always get it; see exporter/attention_rows.py)
     exact_steps: bool = False
+    # an 8-bit copy of an fp32 target's LM head that greedy calls read instead (exporter/greedy_head.py)
+    greedy_head: bool = False
     revision: str | None = None
     command: str | None = None  # the command line, recorded in provenance
     library_versions: dict[str, str] = field(default_factory=dict)
@@ -84,6 +87,8 @@ def check_config(config: ExportConfig) -> ExportConfig:
         config = replace(config, dtype=config.weights, weights=None)
     if config.weights and config.dtype != "fp32":
         raise ExportError("--weights int8/int4 quantize an fp32 export; drop --dtype fp16")
+    if config.greedy_head and (config.weights or config.dtype != "fp32"):
+        raise ExportError("--greedy-head is for fp32 targets: drop --weights / --dtype fp16")
     if config.exact_steps and not (config.optimize and config.shared_kv):
         raise ExportError("--exact-steps rewrites the shared KV buffer's attention: drop --no-optimize / --no-shared-kv")
     if config.draft and config.draft.startswith("quantized:") and \
@@ -154,6 +159,11 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
             optimization["attention_pad"] = {"layers": pad_attention_file(folder / layout.files[0]), "rows": pad_rows}
         else:
             progress(f"{role}: no shared KV buffer (GroupQueryAttention) here: steps keep their own attention path")
+    head_record = None
+    if role == "target" and config.greedy_head:
+        progress(f"{role}: an 8-bit copy of the LM head for greedy calls")
+        head_record = write_greedy_head(folder / layout.files[0], folder / GREEDY_HEAD_FOLDER, layout.logits_name)
+        head_record.update({key: f"{role}/{head_record[key]}" for key in ("weights", "norms")})
     if convert_to_fp16:
         progress(f"{role}: converting the graph to fp16")
         optimization["half_precision"] = convert_graph_to_fp16(folder / layout.files[0])
@@ -164,7 +174,8 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
     if not shared:
         kv_slice = write_kv_slice_graph(folder / "kv_slice.onnx", 2 * num_layers, kv_heads, head_dim, layout.kv_dtype)
         kv_slice_file = f"{role}/{kv_slice.name}"
-    hashed = files + ([kv_slice_file] if kv_slice_file else [])
+    hashed = files + ([kv_slice_file] if kv_slice_file else []) + \
+        ([head_record[key] for key in ("weights", "norms")] if head_record else [])
     return GraphSpec(
         role=role,
         files=files,
@@ -194,6 +205,7 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         total_length_name=TOTAL_LENGTH_NAME if shared else None,
         logits_rows_name=LOGITS_ROWS_NAME if LOGITS_ROWS_NAME in inputs else None,
         attention_pad_rows=pad_rows,
+        greedy_head=head_record,
     )
 
 
@@ -314,6 +326,16 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
         if target_spec.attention_pad_rows and drift != 0.0:
             raise ExportError(f"target graph: 1-token steps and verify calls still differ by {drift:.3g} in logits "
                               "after the attention pad; speculative greedy output would not be exact")
+        if target_spec.greedy_head:
+            check = greedy_head_check(staging, target_spec, prompts)
+            validation["target"]["greedy_head"] = check
+            progress(f"target: 8-bit greedy head over {check['positions']} positions: argmax equal to the fp32 "
+                     f"head's {check['argmax_equal']}, |error| / bound at most {check['max_error_over_bound']:.3f}, "
+                     f"{check['candidates_median']:.0f} candidates (median), {check['candidates_max']} at most")
+            if not (check["argmax_equal"] and check["bound_holds"]):
+                raise ExportError("target graph: the 8-bit greedy head does not bound the fp32 head "
+                                  f"(|error| / bound {check['max_error_over_bound']:.3g}, argmax equal "
+                                  f"{check['argmax_equal']}); export without --greedy-head")
         manifest = Manifest(
             target=target_spec,
             draft=draft_spec,

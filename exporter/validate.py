@@ -129,3 +129,36 @@ def step_call_difference(artifact_dir: Path, spec: GraphSpec, prompts: list[list
         call_rows = session.forward(cache, tokens)
         worst = max(worst, float(np.abs(call_rows - np.array(step_rows)).max()))
     return worst
+
+
+def greedy_head_check(artifact_dir: Path, spec: GraphSpec, prompts: list[list[int]]) -> dict[str, Any]:
+    """Return how the artifact's 8-bit greedy head did on every position of `prompts`, against the fp32 head.
+
+    Keys: positions, argmax_equal (every position's argmax the fp32 head's), bound_holds (every
+    token's fp32 logit within its bound of the 8-bit one), max_error_over_bound, candidates_median,
+    candidates_max. A head for which either is False must not ship.
+    """
+    from specdec.runtime.greedy_head import argmax_candidates, logit_bounds
+
+    session = ModelSession(artifact_dir, spec, provider="cpu")
+    head = session.greedy_head
+    if head is None:
+        raise ValueError("the graph has no greedy head")
+    positions = 0
+    argmax_equal = True
+    worst = 0.0
+    counts: list[int] = []
+    for ids in prompts:
+        ids = ids[: spec.max_positions]
+        full = session.forward(session.new_cache(), ids)
+        greedy = session.forward(session.new_cache(), ids, greedy=True)
+        argmax_equal &= bool((np.argmax(full, axis=-1) == np.argmax(greedy, axis=-1)).all())
+        hidden, approx = session.last_greedy_rows  # of the greedy call above: the heads' input and 8-bit logits
+        approx = approx.astype(np.float64)
+        bounds = logit_bounds(hidden, head.weight_norms[: session.vocab_limit], head.weight_errors[: session.vocab_limit])
+        worst = max(worst, float((np.abs(full.astype(np.float64) - approx) / bounds).max()))
+        counts.extend(len(argmax_candidates(a, b)) for a, b in zip(approx, bounds))
+        positions += len(ids)
+    return {"positions": positions, "argmax_equal": argmax_equal, "bound_holds": worst <= 1.0,
+            "max_error_over_bound": worst, "candidates_median": float(np.median(counts)),
+            "candidates_max": int(max(counts))}

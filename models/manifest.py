@@ -34,8 +34,9 @@ MANIFEST_FORMAT = "specdec-artifact"
 # leave its greedy output under speculation.
 # v6 added GraphSpec.attention_pad_rows: the graph writes one position past each call, which an
 # older runtime would not reserve in the KV buffer.
-MANIFEST_VERSION = 6
-SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4, 5, 6)
+# v7 added GraphSpec.greedy_head: its graph has an input (lm_head_row_start) an older runtime would not bind.
+MANIFEST_VERSION = 7
+SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 KV_BUFFERS = ("concat", "shared")
 FLOAT_DTYPES = ("fp32", "fp16")  # what `specdec export --dtype` may ask for
 WEIGHT_DTYPES = ("fp32", "fp16", "int8", "int4")  # GraphSpec.weights_dtype; `--weights`
@@ -94,6 +95,12 @@ class GraphSpec:
     # so no token goes through the op's 1-row path: the graph writes that many positions past the
     # call in the shared KV buffer, which must have room for them (max_positions leaves it).
     attention_pad_rows: int = 0
+    # `specdec export --greedy-head`: an 8-bit copy of the LM head in the graph that greedy calls read
+    # instead of the fp32 one (exporter/greedy_head.py, runtime/greedy_head.py). Keys: weights, norms
+    # (artifact-relative files, in sha256), row_start_name / approx_row_start_name (inputs: 0 runs that
+    # head, a huge value skips it), approx_name (the 8-bit logits), input_name (the rows both heads
+    # read); None: no such head.
+    greedy_head: dict[str, Any] | None = None
 
     @property
     def kv_capacity_limit(self) -> int:
@@ -271,6 +278,7 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         min_rows=1 if data.get("min_rows") is None else _get(data, "min_rows", (int,), where),
         attention_pad_rows=(0 if data.get("attention_pad_rows") is None
                             else _get(data, "attention_pad_rows", (int,), where)),
+        greedy_head=_get(data, "greedy_head", (dict,), where, True),
     )
     if not spec.files:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")
@@ -293,6 +301,11 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
     if spec.attention_pad_rows not in (0, 1) or (spec.attention_pad_rows and spec.kv_buffer != "shared"):
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.attention_pad_rows' must be 0, or 1 with a shared KV "
                             f"buffer, got {spec.attention_pad_rows}")
+    if spec.greedy_head is not None:
+        missing = [k for k in ("weights", "norms", "row_start_name", "approx_row_start_name", "approx_name", "input_name")
+                   if k not in spec.greedy_head]
+        if missing:
+            raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.greedy_head' lacks {', '.join(missing)}")
     if spec.kv_dtype not in ("float32", "float16"):
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.kv_dtype' must be float32 or float16, got {spec.kv_dtype}")
     return spec

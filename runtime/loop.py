@@ -105,7 +105,10 @@ def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np
     hidden = drafter is not None and draft_length is not None and getattr(drafter, "reads_hidden", False)
     states = None
     start = time.perf_counter()
-    logits = target.forward(cache, request.prompt_ids, logits_rows=1, hidden=hidden)  # the first token needs the last row
+    # Greedy calls may read the target's 8-bit LM head instead of its fp32 one (runtime/greedy_head.py):
+    # the same argmax, fewer bytes.
+    greedy = request.sampling.greedy
+    logits = target.forward(cache, request.prompt_ids, logits_rows=1, hidden=hidden, greedy=greedy)  # the last row
     if hidden:
         logits, states = logits
     context = list(request.prompt_ids) + [next_token(logits[-1], request.sampling, rng)]
@@ -129,7 +132,7 @@ def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np
 
         # 2. verify: one target call over the last committed token and the drafts
         t0 = time.perf_counter()
-        logits = target.forward(cache, [context[-1]] + drafts, hidden=hidden)  # [len(drafts) + 1, vocab]
+        logits = target.forward(cache, [context[-1]] + drafts, hidden=hidden, greedy=greedy)  # [len(drafts) + 1, vocab]
         if hidden:
             logits, states = logits
         target_seconds = time.perf_counter() - t0

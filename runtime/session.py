@@ -10,6 +10,7 @@ import numpy as np
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import GraphSpec
 from specdec.runtime.config import MAX_DRAFT_TOKENS
+from specdec.runtime.greedy_head import GreedyHead
 from specdec.runtime.kv_cache import BufferPool, KVCache, KVSlicer
 from specdec.runtime.providers import create_session, ort
 
@@ -75,6 +76,7 @@ class CallBinding:
         return self._output_index.setdefault(name, len(self._output_index))
 
 
+_NO_ROWS = 2 ** 62  # a row index past any call: the graph's own LM head computes nothing
 KEPT_OUTPUT_ROWS = MAX_DRAFT_TOKENS + 1  # the largest verify call; longer calls are prefills
 DEFAULT_CAPACITY = 256  # positions a shared-buffer cache starts with when the caller gives no hint
 
@@ -108,6 +110,11 @@ class ModelSession:
         self._outputs = {o.name: (_NUMPY_TYPES.get(o.type, np.float32), o.shape[-1]) for o in self.session.get_outputs()}
         self.pool = BufferPool((1, spec.num_kv_heads, spec.head_dim), self._kv_dtype, self.device,
                                len(self._past_names)) if self.shared_kv else None
+        # An 8-bit LM head for greedy calls (CPU: where a step is bound by the bytes it reads).
+        self.greedy_head: GreedyHead | None = None
+        self.last_greedy_rows: tuple[np.ndarray, np.ndarray] | None = None  # (heads' input, 8-bit logits)
+        if spec.greedy_head and self.device == "cpu":
+            self.greedy_head = GreedyHead.load(folder, spec.greedy_head)
 
     @property
     def provider(self) -> str:
@@ -155,7 +162,7 @@ class ModelSession:
         return (call.io.get_outputs()[bound] if isinstance(bound, int) else bound).numpy()
 
     def forward(self, cache: KVCache, token_ids: list[int], logits_rows: int | None = None,
-                hidden: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+                hidden: bool = False, greedy: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Run the graph on `token_ids` after the cache; return logits [rows, vocab] on the host.
 
         rows = `logits_rows` trailing positions (None: all len(token_ids)); a graph with a
@@ -166,7 +173,9 @@ class ModelSession:
         that only pad an embedding matrix can never be produced. With `hidden` (a graph with
         `hidden_name`, see `specdec distill`) returns (logits, hidden states [len(token_ids),
         hidden] float32): every new position's LM-head input, for a drafter that reads the
-        target's features.
+        target's features. With `greedy` and a `greedy_head` (CPU), the rows hold only what
+        greedy decoding reads: the fp32 logit of every token that may be its row's argmax, -inf
+        elsewhere (runtime/greedy_head.py).
         """
         n_new = len(token_ids)
         past = cache.length
@@ -188,11 +197,12 @@ class ModelSession:
         pad = min(max(0, spec.min_rows - n_new), spec.max_positions - past - n_new)
         fed = list(token_ids) + [token_ids[-1]] * pad
         n_fed = n_new + pad
+        head = self.greedy_head if greedy else None
         if self.shared_kv:
             cache.reserve(past + n_fed + spec.attention_pad_rows)  # the graph writes its pad rows there too
-            call = cache.bindings.get(hidden)
+            call = cache.bindings.get((hidden, head is not None))
             if call is None:
-                call = cache.bindings[hidden] = CallBinding(self.session.io_binding())
+                call = cache.bindings[(hidden, head is not None)] = CallBinding(self.session.io_binding())
             call.bind_cache(self._past_names, self._present_names, cache.tensors)
         else:  # a concat graph returns new present tensors every call: nothing to keep bound
             call = CallBinding(self.session.io_binding())
@@ -215,18 +225,34 @@ class ModelSession:
             # min_rows also holds for the rows kept, since they go through the last layer's MatMuls.
             out_rows = n_fed if hidden else min(max(rows + pad, spec.min_rows), n_fed)
             binding.bind_cpu_input(spec.logits_rows_name, np.array([out_rows], dtype=np.int64))
+        if spec.greedy_head:
+            # Each LM head reads the kept rows from its index on: one of the two runs.
+            binding.bind_cpu_input(spec.greedy_head["row_start_name"], np.array([_NO_ROWS if head else 0], np.int64))
+            binding.bind_cpu_input(spec.greedy_head["approx_row_start_name"],
+                                   np.array([0 if head else _NO_ROWS], np.int64))
         if self.shared_kv:
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
             cache.inputs.bind(binding, spec.seqlens_name, np.array([past + n_fed - 1], dtype=np.int32))
             binding.bind_cpu_input(spec.total_length_name, np.array(past + n_fed, dtype=np.int32))
-        logits_value = self._output(call, spec.logits_name, out_rows, self.device)
+        if head:
+            logits_value = call.output_allocated(spec.logits_name, self.device)  # 0 rows
+            head_value = call.output_allocated(spec.greedy_head["input_name"], "cpu")
+            approx_value = call.output_allocated(spec.greedy_head["approx_name"], "cpu")
+        else:
+            logits_value = self._output(call, spec.logits_name, out_rows, self.device)
         hidden_value = self._output(call, spec.hidden_name, n_fed, "cpu") if hidden else None
         start = time.perf_counter()
         self.session.run_with_iobinding(binding)
         cache.run_seconds += time.perf_counter() - start
         cache.run_calls += 1
         # Copies: the output buffers are written again by the next call of this cache.
-        logits = np.array(self._fetched(call, logits_value)[0, out_rows - pad - rows: out_rows - pad, : self.vocab_limit])
+        if head:
+            kept = slice(out_rows - pad - rows, out_rows - pad)
+            self.last_greedy_rows = (np.array(self._fetched(call, head_value)[0, kept]),
+                                     np.array(self._fetched(call, approx_value)[0, kept, : self.vocab_limit]))
+            logits = head.logits(*self.last_greedy_rows)
+        else:
+            logits = np.array(self._fetched(call, logits_value)[0, out_rows - pad - rows: out_rows - pad, : self.vocab_limit])
         states = np.array(self._fetched(call, hidden_value)[0, :n_new], dtype=np.float32) if hidden else None
         if self.shared_kv:
             cache.append(cache.tensors, token_ids)
