@@ -31,7 +31,8 @@ from onnx import helper, numpy_helper
 ATTENTION_PAD_ROWS = 1  # GraphSpec.attention_pad_rows of a rewritten graph
 ATTENTION_OPS = ("GroupQueryAttention",)
 _SEQLENS_INPUT, _TOTAL_INPUT = 5, 6  # GroupQueryAttention's seqlens_k and total_sequence_length
-_PADS, _ONE, _STARTS, _ENDS, _AXES = (f"specdec_attention_pad_{part}" for part in ("pads", "one", "starts", "ends", "axes"))
+_PADS, _ONE, _STARTS, _ENDS, _AXES = (f"specdec_attention_pad_{part}"
+                                      for part in ("pads", "one", "starts", "ends", "axes"))
 
 
 def pad_attention_queries(model: onnx.ModelProto) -> int:
@@ -86,7 +87,7 @@ def pad_attention_queries(model: onnx.ModelProto) -> int:
 
 
 def pad_attention_file(graph_path: Path) -> int:
-    """Rewrite the graph at `graph_path` with `pad_attention_queries` (replaced atomically); return the nodes rewritten."""
+    """Rewrite the graph at `graph_path` with `pad_attention_queries`, replaced atomically; return the nodes rewritten."""
     model = onnx.load(str(graph_path))
     rewritten = pad_attention_queries(model)
     if rewritten:

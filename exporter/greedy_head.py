@@ -39,7 +39,10 @@ _ENDS, _AXES = _PREFIX + "ends", _PREFIX + "axes"
 
 
 def lm_head_weights(model: onnx.ModelProto, logits_name: str = "logits") -> tuple[onnx.NodeProto, np.ndarray]:
-    """Return (the LM head's MatMul, its weights as float32 [vocab, hidden]); raise ExportError if not a plain fp32 MatMul."""
+    """Return (the LM head's MatMul, its weights as float32 [vocab, hidden]).
+
+    Raises ExportError unless the logits come from a plain fp32 MatMul with constant weights.
+    """
     producers = {out: node for node in model.graph.node for out in node.output}
     initializers = {init.name: init for init in model.graph.initializer}
     node = producers.get(logits_name)
@@ -50,7 +53,8 @@ def lm_head_weights(model: onnx.ModelProto, logits_name: str = "logits") -> tupl
     weight = node.input[1]
     if weight in initializers:  # [hidden, vocab]
         matrix = numpy_helper.to_array(initializers[weight]).T
-    elif weight in producers and producers[weight].op_type == "Transpose" and producers[weight].input[0] in initializers:
+    elif (weight in producers and producers[weight].op_type == "Transpose"
+          and producers[weight].input[0] in initializers):
         matrix = numpy_helper.to_array(initializers[producers[weight].input[0]])  # tied: the embedding, [vocab, hidden]
     else:
         raise ExportError("--greedy-head: the LM head's weights are not a constant of the graph")

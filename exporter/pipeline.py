@@ -90,7 +90,8 @@ def check_config(config: ExportConfig) -> ExportConfig:
     if config.greedy_head and (config.weights or config.dtype != "fp32"):
         raise ExportError("--greedy-head is for fp32 targets: drop --weights / --dtype fp16")
     if config.exact_steps and not (config.optimize and config.shared_kv):
-        raise ExportError("--exact-steps rewrites the shared KV buffer's attention: drop --no-optimize / --no-shared-kv")
+        raise ExportError("--exact-steps rewrites the shared KV buffer's attention: "
+                          "drop --no-optimize / --no-shared-kv")
     if config.draft and config.draft.startswith("quantized:") and \
             config.draft.split(":", 1)[1] not in QUANTIZED_DRAFTS:
         raise ExportError(f"--draft {config.draft}: expected quantized:int8 or quantized:int4")

@@ -155,7 +155,8 @@ def greedy_head_check(artifact_dir: Path, spec: GraphSpec, prompts: list[list[in
         argmax_equal &= bool((np.argmax(full, axis=-1) == np.argmax(greedy, axis=-1)).all())
         hidden, approx = session.last_greedy_rows  # of the greedy call above: the heads' input and 8-bit logits
         approx = approx.astype(np.float64)
-        bounds = logit_bounds(hidden, head.weight_norms[: session.vocab_limit], head.weight_errors[: session.vocab_limit])
+        vocab = session.vocab_limit
+        bounds = logit_bounds(hidden, head.weight_norms[:vocab], head.weight_errors[:vocab])
         worst = max(worst, float((np.abs(full.astype(np.float64) - approx) / bounds).max()))
         counts.extend(len(argmax_candidates(a, b)) for a, b in zip(approx, bounds))
         positions += len(ids)

@@ -1,7 +1,8 @@
 """Greedy logits from an 8-bit LM head, exact where it matters: the fp32 head's argmax, bounded.
 
-The 8-bit head (onnxruntime MatMulNBits, accuracy level 4, inside the target graph) computes h' . w'_j, where h' is the
-hidden state quantized to int8 in blocks of 32 and w'_j the 8-bit row. The fp32 logit is h . w_j;
+The 8-bit head (onnxruntime MatMulNBits, accuracy level 4, inside the target graph) computes
+h' . w'_j, where h' is the hidden state quantized to int8 in blocks of 32 and w'_j the 8-bit row.
+The fp32 logit is h . w_j;
 
     |h . w_j - h' . w'_j| <= |h - h'| |w_j| + |h'| |w_j - w'_j|
 
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 
 ACTIVATION_BLOCK = 32  # MatMulNBits quantizes its input in blocks of its block size (32 here)
 INT8_LEVELS = 127  # symmetric int8: scale = max |block| / 127
