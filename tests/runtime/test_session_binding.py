@@ -25,7 +25,7 @@ def test_reused_binding_follows_growth_rollback_and_reuse(tiny_artifacts):
     fresh_cache = session.new_cache(64)
     fresh = session.forward(fresh_cache, tokens)
     # a prefill's 40 rows of logits go to a per-call allocation, not a buffer the request keeps
-    assert all(shape[1] <= KEPT_OUTPUT_ROWS for _, shape in fresh_cache.bindings[False]._outputs)
+    assert all(shape[1] <= KEPT_OUTPUT_ROWS for _, shape in fresh_cache.bindings[(False, False)]._outputs)
 
     cache = session.new_cache(capacity=4)
     first_buffers = cache.tensors
@@ -72,7 +72,7 @@ def test_min_rows_pads_one_token_calls_and_changes_no_logit(tiny_artifacts):
     np.testing.assert_allclose(padded.forward(padded_cache, [1, 2, 3], logits_rows=1),
                                plain.forward(plain_cache, [1, 2, 3], logits_rows=1), atol=1e-4)
     assert [s for n, s in fed if n == padded.spec.input_ids_name] == [(1, 3)]
-    assert all(shape[1] >= 2 for _, shape in padded_cache.bindings[False]._outputs)
+    assert all(shape[1] >= 2 for _, shape in padded_cache.bindings[(False, False)]._outputs)
 
 
 def _recording(bind, log):
