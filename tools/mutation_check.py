@@ -36,6 +36,7 @@ SELF_DRAFT = EXACTNESS + "::test_draft_equal_to_target_accepts_everything"
 MAX_NEW_TOKENS = EXACTNESS + "::test_max_new_tokens_is_exact"
 EOS_IN_BLOCK = EXACTNESS + "::test_eos_inside_an_accepted_block_ends_the_counts_there"
 ATTENTION_PAD = "tests/exporter/test_attention_rows.py"
+GREEDY_HEAD = "tests/runtime/test_greedy_head.py"
 BINDING = "tests/runtime/test_session_binding.py"
 
 
@@ -123,6 +124,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("attention pad: its position not reserved in the KV buffer", "runtime/session.py",
            "cache.reserve(past + n_fed + spec.attention_pad_rows)", "cache.reserve(past + n_fed)",
            (ATTENTION_PAD + "::test_padded_steps_equal_verify_rows_to_the_bit",)),
+    Mutant("greedy head: the bound leaves out the hidden state's int8 error", "runtime/greedy_head.py",
+           "return ((BOUND_MARGIN * (h_error + KERNEL_SLACK * h_norm)).astype(np.float32),",
+           "return ((BOUND_MARGIN * (KERNEL_SLACK * h_norm)).astype(np.float32),",
+           (GREEDY_HEAD + "::test_bound_covers_int8_activations_and_weights_and_keeps_the_argmax",)),
+    Mutant("greedy head: near-top prefilter one bound too narrow", "runtime/greedy_head.py",
+           "near = np.flatnonzero(approx_row >= approx_row.max() - 2 * widest)",
+           "near = np.flatnonzero(approx_row >= approx_row.max() - widest)",
+           (GREEDY_HEAD + "::test_near_top_candidates_are_argmax_candidates",)),
 )
 
 
