@@ -76,7 +76,7 @@ class CallBinding:
         return self._output_index.setdefault(name, len(self._output_index))
 
 
-_NO_ROWS = 2 ** 62  # a row index past any call: the graph's own LM head computes nothing
+_NO_ROWS = 2 ** 62  # a row index past any call: the LM head told to start there computes nothing
 KEPT_OUTPUT_ROWS = MAX_DRAFT_TOKENS + 1  # the largest verify call; longer calls are prefills
 DEFAULT_CAPACITY = 256  # positions a shared-buffer cache starts with when the caller gives no hint
 
