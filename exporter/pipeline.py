@@ -40,6 +40,7 @@ from specdec.exporter.validate import (DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, VALID
 from specdec.exporter.agreement import AGREEMENT_FLOOR, float_answers, teacher_forced_agreement
 from specdec.exporter.attention_rows import ATTENTION_PAD_ROWS, pad_attention_file
 from specdec.exporter.greedy_head import FOLDER as GREEDY_HEAD_FOLDER, write_greedy_head
+from specdec.runtime.session import ModelSession
 
 QUANTIZED_DRAFTS = ("int8", "int4")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -320,7 +321,8 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
                     f"{report.greedy_mismatches_outside_ties} greedy mismatches outside near-ties"
                 )
         prompts = [target.tokenizer(p, add_special_tokens=False)["input_ids"][:32] or [0] for p in VALIDATION_PROMPTS]
-        drift = step_call_difference(staging, target_spec, prompts)
+        checked = ModelSession(staging, target_spec, provider="cpu")  # one session for both checks below
+        drift = step_call_difference(checked, prompts)
         validation["target"]["step_vs_call_max_diff"] = drift
         progress(f"target: 1-token steps against the same tokens in one call: max |logit diff| {drift:.2e}"
                  + (" (must be 0 with the attention pad)" if target_spec.attention_pad_rows else ""))
@@ -328,7 +330,7 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
             raise ExportError(f"target graph: 1-token steps and verify calls still differ by {drift:.3g} in logits "
                               "after the attention pad; speculative greedy output would not be exact")
         if target_spec.greedy_head:
-            check = greedy_head_check(staging, target_spec, prompts)
+            check = greedy_head_check(checked, prompts)
             validation["target"]["greedy_head"] = check
             progress(f"target: 8-bit greedy head over {check['positions']} positions: argmax equal to the fp32 "
                      f"head's {check['argmax_equal']}, |error| / bound at most {check['max_error_over_bound']:.3f}, "

@@ -104,34 +104,41 @@ def validate_graph(artifact_dir: Path, spec: GraphSpec, torch_model: Any, tokeni
     )
 
 
-def step_call_difference(artifact_dir: Path, spec: GraphSpec, prompts: list[list[int]], steps: int = 8) -> float:
+def steps_and_call(session: ModelSession, prompt: list[int], steps: int = 8,
+                   capacity: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Return ([steps, vocab] logits of greedy 1-token steps after `prompt`, the same tokens' rows from one call).
+
+    The first is the target-only path, the second the verify path, each on a fresh cache of
+    `capacity` positions (None: the default; it grows as needed).
+    """
+    cache = session.new_cache(capacity)
+    row = session.forward(cache, prompt, logits_rows=1)[-1]
+    tokens, step_rows = [], []
+    for _ in range(steps):
+        tokens.append(int(np.argmax(row)))
+        row = session.forward(cache, [tokens[-1]], logits_rows=1)[-1]
+        step_rows.append(row)
+    cache = session.new_cache(capacity)
+    session.forward(cache, prompt, logits_rows=1)
+    return np.array(step_rows), session.forward(cache, tokens)
+
+
+def step_call_difference(session: ModelSession, prompts: list[list[int]], steps: int = 8) -> float:
     """Return the max |logit difference| between 1-token steps and the same tokens scored in one call.
 
-    Per prompt: a prefill, then `steps` greedy 1-token steps (the target-only path), then the
-    prompt and those tokens again with the tokens in one call (the verify path). Speculative
-    greedy output equals target-only output to the bit only where this is 0: a graph with
-    `attention_pad_rows` must give 0; others report how far the two paths drift (fp32 SmolLM2:
-    ~4e-5).
+    Per prompt: `steps_and_call`. Speculative greedy output equals target-only output to the
+    bit only where this is 0: a graph with `attention_pad_rows` must give 0; others report how
+    far the two paths drift (fp32 SmolLM2: ~4e-5).
     """
-    session = ModelSession(artifact_dir, spec, provider="cpu")
     worst = 0.0
     for ids in prompts:
-        ids = ids[: max(1, min(len(ids), spec.max_positions - steps - 1))]
-        cache = session.new_cache()
-        row = session.forward(cache, ids, logits_rows=1)[-1]
-        tokens, step_rows = [], []
-        for _ in range(steps):
-            tokens.append(int(np.argmax(row)))
-            row = session.forward(cache, [tokens[-1]], logits_rows=1)[-1]
-            step_rows.append(row)
-        cache = session.new_cache()
-        session.forward(cache, ids, logits_rows=1)
-        call_rows = session.forward(cache, tokens)
-        worst = max(worst, float(np.abs(call_rows - np.array(step_rows)).max()))
+        ids = ids[: max(1, min(len(ids), session.spec.max_positions - steps - 1))]
+        step_rows, call_rows = steps_and_call(session, ids, steps)
+        worst = max(worst, float(np.abs(call_rows - step_rows).max()))
     return worst
 
 
-def greedy_head_check(artifact_dir: Path, spec: GraphSpec, prompts: list[list[int]]) -> dict[str, Any]:
+def greedy_head_check(session: ModelSession, prompts: list[list[int]]) -> dict[str, Any]:
     """Return how the artifact's 8-bit greedy head did on every position of `prompts`, against the fp32 head.
 
     Keys: positions, argmax_equal (every position's argmax the fp32 head's), bound_holds (every
@@ -140,7 +147,6 @@ def greedy_head_check(artifact_dir: Path, spec: GraphSpec, prompts: list[list[in
     """
     from specdec.runtime.greedy_head import argmax_candidates, logit_bounds
 
-    session = ModelSession(artifact_dir, spec, provider="cpu")
     head = session.greedy_head
     if head is None:
         raise ValueError("the graph has no greedy head")
@@ -149,7 +155,7 @@ def greedy_head_check(artifact_dir: Path, spec: GraphSpec, prompts: list[list[in
     worst = 0.0
     counts: list[int] = []
     for ids in prompts:
-        ids = ids[: spec.max_positions]
+        ids = ids[: session.spec.max_positions]
         full = session.forward(session.new_cache(), ids)
         greedy = session.forward(session.new_cache(), ids, greedy=True)
         argmax_equal &= bool((np.argmax(full, axis=-1) == np.argmax(greedy, axis=-1)).all())

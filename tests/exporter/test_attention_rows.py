@@ -8,7 +8,7 @@ import pytest
 
 from specdec.exporter.attention_rows import ATTENTION_PAD_ROWS, pad_attention_queries
 from specdec.exporter.pipeline import ExportConfig, run_export
-from specdec.exporter.validate import step_call_difference
+from specdec.exporter.validate import step_call_difference, steps_and_call
 from specdec.models.errors import ExportError, ManifestError
 from specdec.models.manifest import MANIFEST_FILENAME, load_manifest, manifest_from_dict
 from specdec.runtime.engine import Engine, GenerationConfig
@@ -25,20 +25,6 @@ def exact_artifact(tiny_sources, tmp_path_factory):
     run_export(ExportConfig(target=str(target), draft=str(draft), output=out, exact_steps=True),
                progress=lambda message: None)
     return out
-
-
-def _steps_and_call(session, prompt, steps=12, capacity=None):
-    """Return (logits of `steps` greedy 1-token steps after `prompt`, the same tokens' rows from one call)."""
-    cache = session.new_cache(capacity)
-    row = session.forward(cache, prompt, logits_rows=1)[-1]
-    tokens, step_rows = [], []
-    for _ in range(steps):
-        tokens.append(int(np.argmax(row)))
-        row = session.forward(cache, [tokens[-1]], logits_rows=1)[-1]
-        step_rows.append(row)
-    cache = session.new_cache(capacity)
-    session.forward(cache, prompt, logits_rows=1)
-    return np.array(step_rows), session.forward(cache, tokens)
 
 
 def test_exact_steps_export_records_the_pad_and_a_zero_drift(exact_artifact, tiny_artifacts):
@@ -59,7 +45,7 @@ def test_padded_steps_equal_verify_rows_to_the_bit(exact_artifact):
     session = ModelSession(exact_artifact, load_manifest(exact_artifact).target, provider="cpu")
     for prompt in PROMPTS:
         # capacity 4: the buffers grow (with room for the pad row) during the prompt and the steps
-        steps, call = _steps_and_call(session, prompt, capacity=4)
+        steps, call = steps_and_call(session, prompt, steps=12, capacity=4)
         np.testing.assert_array_equal(steps, call)
 
 
@@ -67,9 +53,10 @@ def test_the_pad_is_what_makes_them_equal(tiny_artifacts, exact_artifact):
     """The same tiny model without the pad: its 1-token steps take the op's 1-row path and drift."""
     plain = load_manifest(tiny_artifacts["llama"]).target
     assert plain.attention_pad_rows == 0
-    drift = step_call_difference(tiny_artifacts["llama"], plain, PROMPTS)
+    drift = step_call_difference(ModelSession(tiny_artifacts["llama"], plain, provider="cpu"), PROMPTS)
     assert drift > 0.0
-    assert step_call_difference(exact_artifact, load_manifest(exact_artifact).target, PROMPTS) == 0.0
+    padded = ModelSession(exact_artifact, load_manifest(exact_artifact).target, provider="cpu")
+    assert step_call_difference(padded, PROMPTS) == 0.0
 
 
 def test_padded_target_decodes_speculatively_to_its_greedy_output_up_to_the_last_position(exact_artifact):

@@ -10,6 +10,7 @@ from specdec.models.errors import ExportError
 from specdec.models.manifest import load_manifest
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.greedy_head import activation_error, argmax_candidates, logit_bounds
+from specdec.runtime.session import ModelSession
 
 
 def _int8_blocks(x, block=32):
@@ -128,7 +129,7 @@ def test_a_head_that_does_not_bound_the_fp32_one_fails_the_check(greedy_artifact
         init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(2), init.name))
     onnx.save(graph, str(graph_path))
     prompts = [list(range(5, 60)), [7, 8, 9] * 10]
-    check = greedy_head_check(broken, spec, prompts)
+    check = greedy_head_check(ModelSession(broken, spec, provider="cpu"), prompts)
     assert not check["bound_holds"] and check["max_error_over_bound"] > 1
 
 
