@@ -41,7 +41,13 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
               show_default=True,
               help="Dtype of the target copy that decodes the training answers and reads their features (auto: bfloat16 "
                    "on CUDA or a CPU with native bf16, else float32). Held-out features are read by the fp32 target.")
-@click.option("--generate-batch", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--head-weights", type=click.Choice(["int8", "fp32"]), default="int8", show_default=True,
+              help="MatMul weights of the exported head: int8 (onnxruntime MatMulNBits, a third of the bytes per "
+                   "draft call) or fp32. Either way q is what the head outputs, so decoding stays exact.")
+@click.option("--train-dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
+              help="Compute dtype of training (autocast; the weights stay fp32). auto: bfloat16 on CUDA or a CPU with "
+                   "native bf16, where it trains 3-4x more positions per second, else float32.")
+@click.option("--generate-batch", type=click.IntRange(min=1), default=128, show_default=True,
               help="Prompts the target answers at once while making data.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where PyTorch makes data and trains (auto: CUDA when PyTorch sees a GPU).")
@@ -51,7 +57,7 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
 @one_line_errors
 def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: int | None, steps: int | None,
             data_share: float, sampled_share: float, self_written_share: float, max_new_tokens: int, vocab_subset: int, generate_dtype: str,
-            generate_batch: int, device: str, threads: int | None, as_json: bool) -> None:
+            train_dtype: str, head_weights: str, generate_batch: int, device: str, threads: int | None, as_json: bool) -> None:
     """Train an EAGLE-style draft head for ARTIFACT's target on the target's own answers, and write it in.
 
     The target graph gets a hidden-state output (the LM head's input), validated against
@@ -68,8 +74,8 @@ def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: in
     config = DistillConfig(artifact=artifact, minutes=minutes, seed=seed, resume=resume, prompts=prompts, steps=steps,
                            data_share=data_share, sampled_share=sampled_share,
                            self_written_share=self_written_share, max_new_tokens=max_new_tokens,
-                           subset_size=vocab_subset, generate_dtype=generate_dtype, generate_batch=generate_batch,
-                           device=device, threads=threads)
+                           subset_size=vocab_subset, head_weights=head_weights, generate_dtype=generate_dtype, generate_batch=generate_batch,
+                           device=device, threads=threads, settings={"compute_dtype": train_dtype})
     manifest = run_distill(config, progress=elapsed_progress())
     record = manifest.feature_draft.training
     if as_json:

@@ -51,9 +51,10 @@ class DistillConfig:
     self_written_share: float = 0.5  # of the training prompts written by the target itself (the rest: templates)
     heldout: int = 16  # held-out prompts (topics no training prompt has), answered greedily
     max_new_tokens: int = 192  # per answer
-    generate_batch: int = 64  # bigger batches decode more tokens per second (docs/DISTILL.md)
+    generate_batch: int = 128  # bigger batches decode more tokens per second (docs/DISTILL.md)
     generate_dtype: str = "auto"  # the answers' decoder: auto (bf16 where native), bfloat16, float32
     subset_size: int = 8192  # FR-Spec: ids the head can propose
+    head_weights: str = "int8"  # the exported head's MatMul weights: int8 (MatMulNBits) or fp32
     device: str = "auto"  # auto: CUDA when PyTorch sees one, else the CPU
     threads: int | None = None  # PyTorch and onnxruntime threads (None: all cores)
     eval_prompts: int = 4  # held-out prompts decoded with the runtime at the end (acceptance per position)
@@ -235,7 +236,8 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
 
     from specdec.exporter.distill.data import frequent_tokens, load_examples
     from specdec.exporter.distill.draft_model import DraftHead, draft_config_for, export_draft_onnx
-    from specdec.exporter.distill.train import TrainSettings, TrainState, heldout_acceptance, train_head
+    from specdec.exporter.distill.train import (TrainSettings, TrainState, heldout_acceptance, resolved_settings,
+                                                train_head)
     from specdec.exporter.sources import load_source
 
     manifest = check_config(config)
@@ -276,7 +278,7 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
         head.init_from_target(model.cpu())
         del model
         head.to(device)
-        settings = TrainSettings(**config.settings)
+        settings = resolved_settings(TrainSettings(**config.settings), device)
         state, optimizer_state = TrainState(), None
         if checkpoint:
             head.load_state_dict(checkpoint["head"])
@@ -323,10 +325,18 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
 def _write_head(artifact: Path, manifest: Manifest, target_spec: GraphSpec, hidden_report: dict, head,
                 subset: np.ndarray, training: dict, config: DistillConfig, progress: Progress) -> Manifest:
     from specdec.exporter.distill.draft_model import export_draft_onnx
+    from specdec.exporter.quantize import DRAFT_ACCURACY_LEVEL, quantize_graph
 
     staging = Path(tempfile.mkdtemp(prefix=".eagle-", dir=artifact))
     try:
         export_draft_onnx(head, staging / "draft.onnx")
+        # A head call reads its weights from memory after every target call has flushed the caches:
+        # int8 reads a third as many bytes (docs/DISTILL.md). Its q is whatever it outputs, so exactness holds.
+        if config.head_weights == "int8":
+            quantized = quantize_graph(staging / "draft.onnx", "int8", DRAFT_ACCURACY_LEVEL)
+            training = {**training, "head_weights": {k: v for k, v in quantized.items() if not k.startswith("sha256")}}
+        else:
+            training = {**training, "head_weights": {"weights": "fp32"}}
         np.save(staging / "subset.npy", subset.astype(np.int64))
         digest = hashlib.sha256((staging / "draft.onnx").read_bytes()).hexdigest()[:12]
         folder = f"eagle-{digest}"

@@ -10,14 +10,14 @@ fed from the second draft position on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
-from specdec.exporter.distill.data import Example
+from specdec.exporter.distill.data import Example, generator_dtype
 from specdec.exporter.distill.draft_model import DraftHead
 
 MAX_WINDOW = 256  # positions per training sequence (longer answers are cut at a random offset)
@@ -35,6 +35,9 @@ class TrainSettings:
     unroll_weight: float = 0.5  # loss weight of the pass fed with the head's own features (0: off)
     warmup_steps: int = 20
     eval_every_seconds: float = 30.0
+    # bfloat16 autocast (fp32 master weights): 3-4x the positions per second of fp32 on a bf16 CPU
+    # (docs/DISTILL.md); "auto" resolves as data.generator_dtype does, and the manifest records the result.
+    compute_dtype: str = "auto"
 
 
 @dataclass
@@ -132,6 +135,12 @@ def heldout_acceptance(head: DraftHead, examples: list[Example], device) -> dict
             "positions": int(total)}
 
 
+def resolved_settings(settings: TrainSettings, device: str) -> TrainSettings:
+    """Return the settings with compute_dtype "auto" replaced by what it means on `device`."""
+    dtype = generator_dtype(settings.compute_dtype, device)
+    return replace(settings, compute_dtype="bfloat16" if dtype == torch.bfloat16 else "float32")
+
+
 def train_head(head: DraftHead, examples: list[Example], heldout: list[Example], settings: TrainSettings,
                state: TrainState, seed: int, deadline: float | None, max_steps: int | None,
                optimizer_state: dict | None = None,
@@ -142,6 +151,7 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
     the step number, so a resumed run draws what an uninterrupted one would have).
     """
     device = next(head.parameters()).device
+    bf16 = resolved_settings(settings, device.type).compute_dtype == "bfloat16"
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
     if optimizer_state:
@@ -156,7 +166,8 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
         batch = _batch(examples, picks, rng, device)
         for group in optimizer.param_groups:
             group["lr"] = settings.lr * min(1.0, (state.step + 1) / settings.warmup_steps)
-        loss, _ = _losses(head, batch, settings, noise=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss, _ = _losses(head, batch, settings, noise=True)
         optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(params, 1.0)
@@ -168,7 +179,7 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
             last_eval = time.monotonic()
             acceptance = heldout_acceptance(head, heldout, device)
             state.curve.append({"step": state.step, "train_minutes": round(state.seconds / 60, 3),
-                                "tokens": state.tokens_seen, "loss": round(float(loss), 4), **{k: round(v, 4) if isinstance(v, float) else v
+                                "tokens": state.tokens_seen, "loss": round(float(loss.detach()), 4), **{k: round(v, 4) if isinstance(v, float) else v
                                                                   for k, v in acceptance.items()}})
             progress(state, state.curve[-1])
         elif progress and state.step % 10 == 0:

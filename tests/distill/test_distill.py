@@ -156,6 +156,13 @@ def test_distill_writes_a_head_the_manifest_describes(distilled_artifact):
     assert manifest.target.hidden_name and head.target_graph_sha256 == manifest.target.sha256[manifest.target.graph_file]
     record = head.training
     assert record["seed"] == 0 and record["steps"] == 60 and record["data"]["prompts"] == 16
+    assert record["settings"]["compute_dtype"] in ("bfloat16", "float32")  # "auto" resolved, as it ran
+    # The head ships with int8 MatMul weights (the default), every constant-weight MatMul included.
+    assert record["head_weights"]["weights"] == "int8" and record["head_weights"]["constant_matmuls_left_fp32"] == 0
+    import onnx
+
+    ops = {node.op_type for node in onnx.load(str(distilled_artifact / head.graph_file)).graph.node}
+    assert "MatMulNBits" in ops
     assert record["data"]["answer_tokens"] > 0 and record["heldout_acceptance"]["positions"] > 0
     assert record["data"]["self_written_turns_drafted"] == 0  # one chunk of 16 prompts: templates only
     assert manifest.validation["target_hidden"]["max_hidden_diff"] < 1e-3
@@ -174,8 +181,10 @@ def test_trained_head_beats_the_untrained_one(distilled_artifact):
     assert record["train_fit"]["first"] > record["untrained_train_fit"]["first"] + 0.1, record
 
 
-def test_training_is_deterministic_for_a_seed():
-    """Same seed, data and step count: identical weights (the batch order comes from the seed and step)."""
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_training_is_deterministic_for_a_seed(compute_dtype):
+    """Same seed, data and step count: identical weights (the batch order comes from the seed and step),
+    in fp32 and under bf16 autocast."""
     import torch
 
     from specdec.exporter.distill.data import Example
@@ -190,7 +199,8 @@ def test_training_is_deterministic_for_a_seed():
     def run(seed):
         torch.manual_seed(seed)
         head = DraftHead(config, torch.arange(40))
-        train_head(head, examples, examples[:2], TrainSettings(batch_size=3), TrainState(), seed, None, 8)
+        train_head(head, examples, examples[:2], TrainSettings(batch_size=3, compute_dtype=compute_dtype),
+                   TrainState(), seed, None, 8)
         return torch.cat([p.detach().flatten() for p in head.parameters()])
 
     assert torch.equal(run(1), run(1))
