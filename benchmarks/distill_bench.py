@@ -132,31 +132,47 @@ def step_cost(plain: Path, tapped: Path, threads: int | None, rounds: int = 30) 
     return {"plain_ms": med["plain"], "tapped_ms": med["tapped"], "ratio": med["tapped"] / med["plain"], "rounds": rounds}
 
 
-def plot_curve(training: dict, path: Path) -> None:
-    """Write a PNG of the held-out acceptance curve in a manifest's `training` record (against tokens and minutes)."""
+def _curve_rows(training: dict) -> list[dict]:
+    """Return a training record's held-out curve, with the untrained head as its first point where recorded."""
+    untrained = training.get("untrained_heldout_acceptance") or {}
+    start = [{"step": 0, "train_minutes": 0.0, "tokens": 0, **untrained}] if "first" in untrained else []
+    return start + training["curve"]
+
+
+def plot_curve(runs: list[tuple[str, dict]], path: Path) -> None:
+    """Write a PNG of held-out acceptance against pair-tokens seen and training minutes.
+
+    `runs`: (label, a manifest's `training` record). One run: both draft positions; several:
+    the first position of each, overlaid, to compare training settings or data.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    untrained = training.get("untrained_heldout_acceptance") or {}
-    start = [{"step": 0, "train_minutes": 0.0, "tokens": 0, **untrained}] if "first" in untrained else []
-    curve = start + training["curve"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for ax, key, label in ((axes[0], "tokens", "training pair-tokens seen"), (axes[1], "train_minutes", "training minutes")):
-        xs = [row.get(key, row.get("tokens_seen")) for row in curve]
-        if key == "tokens" and any(x is None for x in xs):  # older curves did not record tokens
-            xs = [row["step"] for row in curve]
-            label = "training steps"
-        for name, style in (("first", "-o"), ("second", "--s")):
-            ax.plot(xs, [row[name] for row in curve], style, markersize=3, label=f"draft position {name}")
+        for run_label, training in runs:
+            curve = _curve_rows(training)
+            xs = [row.get(key, row.get("tokens_seen")) for row in curve]
+            if key == "tokens" and any(x is None for x in xs):  # older curves did not record tokens
+                xs = [row["step"] for row in curve]
+                label = "training steps"
+            positions = (("first", "-o"), ("second", "--s")) if len(runs) == 1 else (("first", "-o"),)
+            for name, style in positions:
+                legend = f"draft position {name}" if len(runs) == 1 else f"{run_label} (first position)"
+                ax.plot(xs, [row[name] for row in curve], style, markersize=3, label=legend)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("held-out greedy agreement (teacher-forced)")
-    axes[0].legend()
-    data = training.get("data", {})
-    fig.suptitle(f"specdec distill: {data.get('answer_tokens', '?')} answer tokens, {training.get('steps')} steps, "
-                 f"{training.get('wall_minutes')} min wall, seed {training.get('seed')}")
+    axes[0].legend(fontsize=8)
+    if len(runs) == 1:
+        training = runs[0][1]
+        data = training.get("data", {})
+        fig.suptitle(f"specdec distill: {data.get('answer_tokens', '?')} answer tokens, {training.get('steps')} steps, "
+                     f"{training.get('wall_minutes')} min wall, seed {training.get('seed')}")
+    else:
+        fig.suptitle("specdec distill: held-out acceptance of several runs")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -172,16 +188,21 @@ def plot_curve(training: dict, path: Path) -> None:
 @click.option("--curve", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Only write a PNG of the artifact's held-out acceptance curve (its manifest's training record) "
                    "to this path; no bench runs.")
+@click.option("--compare", type=click.Path(exists=True, file_okay=False, path_type=Path), multiple=True,
+              help="With --curve: overlay these distilled artifacts' curves (first draft position) on ARTIFACT's.")
 def main(artifact: Path, plain: Path | None, repeats: int, max_new_tokens: int, threads: int | None,
-         as_json: bool, curve: Path | None) -> None:
+         as_json: bool, curve: Path | None, compare: tuple[Path, ...]) -> None:
     """Bench a distilled artifact's trained head against target-only decoding (see the module docstring)."""
     if curve:
         from specdec.models.manifest import load_manifest
 
-        draft = load_manifest(artifact).feature_draft
-        if draft is None:
-            raise click.ClickException(f"{artifact} has no trained draft head (run specdec distill)")
-        plot_curve(draft.training, curve)
+        runs = []
+        for folder in (artifact, *compare):
+            draft = load_manifest(folder).feature_draft
+            if draft is None:
+                raise click.ClickException(f"{folder} has no trained draft head (run specdec distill)")
+            runs.append((folder.name, draft.training))
+        plot_curve(runs, curve)
         click.echo(f"wrote {curve}")
         return
     report = run(artifact, repeats, max_new_tokens, threads, lambda m: click.echo(m, err=True))

@@ -361,8 +361,10 @@ def _write_head(artifact: Path, manifest: Manifest, target_spec: GraphSpec, hidd
     spec = replace(spec, training={**training, "runtime_heldout": runtime})
     # The head becomes the default drafter only where it is expected to pay; else `auto` keeps its old choice.
     pays = runtime.get("expected_speedup", 0.0) > MIN_EXPECTED_SPEEDUP
-    updated = replace(updated, feature_draft=spec, runtime_defaults=replace(
-        manifest.runtime_defaults, drafter="eagle" if pays else manifest.runtime_defaults.drafter))
+    # ... at the K the check found best: the exporter's default K (4) runs a weak head past its break-even.
+    defaults = (replace(manifest.runtime_defaults, drafter="eagle", num_draft_tokens=runtime["best_k"]) if pays
+                else manifest.runtime_defaults)
+    updated = replace(updated, feature_draft=spec, runtime_defaults=defaults)
     temporary = artifact / (MANIFEST_FILENAME + ".tmp")
     temporary.write_text(json.dumps(updated.to_dict(), indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, artifact / MANIFEST_FILENAME)  # the commit point
@@ -387,7 +389,10 @@ def _remove_unlisted(artifact: Path, old: Manifest, new: Manifest) -> None:
 
 
 def runtime_acceptance(artifact: Path, manifest: Manifest, config: DistillConfig, progress: Progress) -> dict:
-    """Return acceptance measured with the runtime (greedy, K = 4) on held-out prompts: overall and per draft position."""
+    """Return acceptance measured with the runtime (greedy, K = 4) on held-out prompts: overall and per draft
+    position, c, and the K Theorem 3.8 expects to pay best under this machine's measured target call costs."""
+    from specdec.runtime.calibration import calibrate
+    from specdec.runtime.call_costs import TargetCallCosts
     from specdec.runtime.engine import Engine, GenerationConfig
 
     engine = Engine(artifact, manifest, "cpu", config.threads)
@@ -396,14 +401,15 @@ def runtime_acceptance(artifact: Path, manifest: Manifest, config: DistillConfig
         return {}
     reached = np.zeros(4, np.int64)
     accepted = np.zeros(4, np.int64)
-    drafted = kept = draft_calls = iterations = 0
+    drafted = kept = tests = draft_calls = iterations = 0
     draft_seconds = target_seconds = 0.0
     for prompt in prompts:
         def count(iteration):
-            nonlocal drafted, kept
+            nonlocal drafted, kept, tests
             if iteration.drafted:
                 drafted += len(iteration.drafted)
                 kept += iteration.num_accepted
+                tests += iteration.acceptance_tests
                 tried = min(len(iteration.drafted), iteration.num_accepted + 1)
                 reached[:tried] += 1
                 accepted[:iteration.num_accepted] += 1
@@ -412,11 +418,17 @@ def runtime_acceptance(artifact: Path, manifest: Manifest, config: DistillConfig
         draft_calls, iterations = draft_calls + stats.draft_calls, iterations + stats.iterations
         draft_seconds, target_seconds = draft_seconds + stats.draft_seconds, target_seconds + stats.target_seconds
     per_position = [round(float(a) / int(r), 4) if r else None for a, r in zip(accepted, reached)]
-    alpha = kept / max(drafted, 1)
-    cost = (draft_seconds / draft_calls) / (target_seconds / iterations) if draft_calls and target_seconds else 1.0
-    best_k, speedup = best_draft_length(min(alpha, 0.999), cost, 16)  # Theorem 3.8, paper's call cost: optimistic
+    # Theorem 3.8's alpha: accepted drafts over acceptance tests (drafts after a rejection were never tested).
+    alpha = kept / max(tests, 1)
+    costs = TargetCallCosts(prior=calibrate(engine.target, engine.prompt_ids(prompts[0], chat=True), 17,
+                                            config.threads).call_costs).table(17)
+    one_token = target_seconds / iterations / costs[5] if iterations else 0.0  # the checks' calls verify 5 tokens
+    cost = (draft_seconds / draft_calls) / one_token if draft_calls and one_token else 1.0
+    best_k, speedup = best_draft_length(min(alpha, 0.999), cost, 16, call_cost=costs.__getitem__)
     result = {"prompts": len(prompts), "num_draft_tokens": 4, "alpha": round(alpha, 4),
-              "per_position": per_position, "cost_ratio": round(cost, 4), "best_k": best_k,
-              "expected_speedup": round(speedup, 4)}
-    progress(f"runtime check (held-out, greedy, K=4): {kept}/{drafted} drafts accepted, per position {per_position}")
+              "drafts_accepted_share": round(kept / max(drafted, 1), 4), "per_position": per_position,
+              "cost_ratio": round(cost, 4), "target_call_costs": [round(c, 3) for c in costs[1:6]],
+              "best_k": best_k, "expected_speedup": round(speedup, 4)}
+    progress(f"runtime check (held-out, greedy, K=4): {kept}/{drafted} drafts accepted, per position {per_position}; "
+             f"alpha {alpha:.3f}, c {cost:.3f}: best K {best_k}, expected {speedup:.2f}x")
     return result

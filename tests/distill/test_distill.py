@@ -152,6 +152,8 @@ def test_distill_writes_a_head_the_manifest_describes(distilled_artifact):
     runtime = head.training["runtime_heldout"]
     # The head is the default drafter exactly when Theorem 3.8 expects it to pay.
     assert (manifest.runtime_defaults.drafter == "eagle") == (runtime["expected_speedup"] > 1.05), runtime
+    if manifest.runtime_defaults.drafter == "eagle":  # ... at the K it found best
+        assert manifest.runtime_defaults.num_draft_tokens == runtime["best_k"], manifest.runtime_defaults
     assert 0 <= runtime["best_k"] <= 16 and runtime["cost_ratio"] > 0
     assert manifest.target.hidden_name and head.target_graph_sha256 == manifest.target.sha256[manifest.target.graph_file]
     record = head.training
@@ -295,3 +297,18 @@ def test_loaded_examples_share_one_copy_of_the_data(tmp_path):
         assert np.array_equal(a.ids, b.ids) and np.array_equal(a.features, b.features)
         assert np.array_equal(a.greedy_next, b.greedy_next) and (a.answer_start, a.sampled) == (b.answer_start, b.sampled)
     assert loaded[0].features.base is loaded[2].features.base is not None
+
+
+def test_curve_plot_overlays_runs_and_refuses_an_artifact_without_a_head(distilled_artifact,
+                                                                          tiny_target_only_artifact, tmp_path):
+    from click.testing import CliRunner
+
+    from specdec.benchmarks.distill_bench import main
+
+    png = tmp_path / "curve.png"
+    result = CliRunner().invoke(main, [str(distilled_artifact), "--curve", str(png), "--compare", str(distilled_artifact)])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    result = CliRunner().invoke(main, [str(distilled_artifact), "--curve", str(png), "--compare",
+                                       str(tiny_target_only_artifact)])
+    assert result.exit_code != 0 and "has no trained draft head" in result.output
