@@ -23,11 +23,13 @@ import numpy as np
 from specdec.runtime.engine import Engine, GenerationConfig
 
 ROOT = Path(__file__).resolve().parent
-GREEDY = {"open": [("eagle K=3", dict(drafter="eagle", num_draft_tokens=3)),
+GREEDY = {"open": [("eagle K=1", dict(drafter="eagle", num_draft_tokens=1)),
+                   ("eagle K=3", dict(drafter="eagle", num_draft_tokens=3)),
                    ("eagle auto", dict(drafter="eagle", num_draft_tokens="auto"))],
           "grounded": [("ngram auto", dict(drafter="ngram", num_draft_tokens="auto")),
                        ("ngram+eagle auto", dict(drafter="ngram+eagle", num_draft_tokens="auto"))]}
-SAMPLED = [("eagle K=3 T=0.7", dict(drafter="eagle", num_draft_tokens=3, temperature=0.7))]
+SAMPLED = [("eagle K=1 T=0.7", dict(drafter="eagle", num_draft_tokens=1, temperature=0.7)),
+           ("eagle K=3 T=0.7", dict(drafter="eagle", num_draft_tokens=3, temperature=0.7))]
 
 
 def _prompts() -> list[dict]:

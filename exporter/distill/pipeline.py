@@ -315,6 +315,7 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
             "train_fit": fit, "untrained_train_fit": untrained_fit,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "reproduce": f"specdec distill ART --seed {config.seed} --prompts {meta['prompts']} --steps {state.step}"
+                         f" --generate-batch {config.generate_batch} --train-dtype {settings.compute_dtype}"
                          + (f" --self-written-share {config.self_written_share:g}"
                             if config.self_written_share != DistillConfig.self_written_share else ""),
         }

@@ -179,8 +179,8 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
             last_eval = time.monotonic()
             acceptance = heldout_acceptance(head, heldout, device)
             state.curve.append({"step": state.step, "train_minutes": round(state.seconds / 60, 3),
-                                "tokens": state.tokens_seen, "loss": round(float(loss.detach()), 4), **{k: round(v, 4) if isinstance(v, float) else v
-                                                                  for k, v in acceptance.items()}})
+                                "tokens": state.tokens_seen, "loss": round(float(loss.detach()), 4),
+                                **{k: round(v, 4) if isinstance(v, float) else v for k, v in acceptance.items()}})
             progress(state, state.curve[-1])
         elif progress and state.step % 10 == 0:
             progress(state, None)
