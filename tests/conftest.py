@@ -25,7 +25,8 @@ def _private_call_cost_cache(tmp_path, monkeypatch):
 ARTIFACT_CACHE_ENV = "SPECDEC_TEST_ARTIFACT_CACHE"
 
 
-def _export(target: Path, draft: Path | None, output: Path) -> Path:
+def _export(target: Path, draft: Path | None, output: Path, **flags) -> Path:
+    """Export target (+ draft) to `output` with ExportConfig `flags`; reuse a cached export when asked to."""
     from specdec.exporter.pipeline import ExportConfig, run_export
 
     cache = os.environ.get(ARTIFACT_CACHE_ENV)
@@ -33,9 +34,18 @@ def _export(target: Path, draft: Path | None, output: Path) -> Path:
         output = Path(cache, output.parent.name.rstrip("0123456789"), output.name)
         if (output / "specdec.json").is_file():
             return output
-    run_export(ExportConfig(target=str(target), draft=str(draft) if draft else None, output=output),
+    run_export(ExportConfig(target=str(target), draft=str(draft) if draft else None, output=output, **flags),
                progress=lambda message: None)
     return output
+
+
+@pytest.fixture(scope="session")
+def export_tiny_llama(tiny_sources, tmp_path_factory):
+    """Return export(name, **flags): the tiny llama pair exported with those ExportConfig flags."""
+    def export(name: str, **flags) -> Path:
+        target, draft = tiny_sources["llama"]
+        return _export(target, draft, tmp_path_factory.mktemp(name) / "art", **flags)
+    return export
 
 
 @pytest.fixture(scope="session")

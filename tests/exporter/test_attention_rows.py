@@ -18,13 +18,9 @@ PROMPTS = [[5, 17, 42, 99, 3, 250, 7], [64, 128, 31, 11], list(range(40, 90))]
 
 
 @pytest.fixture(scope="module")
-def exact_artifact(tiny_sources, tmp_path_factory):
+def exact_artifact(export_tiny_llama):
     """The tiny llama pair exported with --exact-steps."""
-    target, draft = tiny_sources["llama"]
-    out = tmp_path_factory.mktemp("exact-steps") / "art"
-    run_export(ExportConfig(target=str(target), draft=str(draft), output=out, exact_steps=True),
-               progress=lambda message: None)
-    return out
+    return export_tiny_llama("exact-steps", exact_steps=True)
 
 
 def test_exact_steps_export_records_the_pad_and_a_zero_drift(exact_artifact, tiny_artifacts):

@@ -59,13 +59,9 @@ def test_near_top_candidates_are_argmax_candidates():
 
 
 @pytest.fixture(scope="module")
-def greedy_artifact(tiny_sources, tmp_path_factory):
+def greedy_artifact(export_tiny_llama):
     """The tiny llama pair exported with --greedy-head."""
-    target, draft = tiny_sources["llama"]
-    out = tmp_path_factory.mktemp("greedy-head") / "art"
-    run_export(ExportConfig(target=str(target), draft=str(draft), output=out, greedy_head=True),
-               progress=lambda message: None)
-    return out
+    return export_tiny_llama("greedy-head", greedy_head=True)
 
 
 def test_export_records_and_checks_the_head(greedy_artifact):
