@@ -37,6 +37,10 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
               help="Longest answer the target writes per prompt.")
 @click.option("--vocab-subset", type=click.IntRange(min=2), default=8192, show_default=True,
               help="Ids the draft can propose: the target's most frequent output tokens (FR-Spec); q = 0 elsewhere.")
+@click.option("--feature-layers", default="", show_default="none",
+              help="Comma-separated target decoder layers (0-based) whose normed inputs the head reads beside the last "
+                   "feature, as EAGLE-3 fuses low and middle layers (e.g. 2,15 on a 30-layer target). They are added "
+                   "to the target graph's hidden-state output; a change re-taps the graph and needs fresh data.")
 @click.option("--generate-dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto",
               show_default=True,
               help="Dtype of the target copy that decodes the training answers and reads their features (auto: bfloat16 "
@@ -57,7 +61,7 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
 @one_line_errors
 def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: int | None, steps: int | None,
             data_share: float, sampled_share: float, self_written_share: float, max_new_tokens: int,
-            vocab_subset: int, generate_dtype: str, train_dtype: str, head_weights: str, generate_batch: int,
+            vocab_subset: int, feature_layers: str, generate_dtype: str, train_dtype: str, head_weights: str, generate_batch: int,
             device: str, threads: int | None, as_json: bool) -> None:
     """Train an EAGLE-style draft head for ARTIFACT's target on the target's own answers, and write it in.
 
@@ -72,10 +76,15 @@ def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: in
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from specdec.exporter.distill.pipeline import DistillConfig, run_distill
 
+    try:
+        layers = tuple(int(part) for part in feature_layers.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated layer numbers, got {feature_layers!r}",
+                                 param_hint="--feature-layers") from None
     config = DistillConfig(artifact=artifact, minutes=minutes, seed=seed, resume=resume, prompts=prompts, steps=steps,
                            data_share=data_share, sampled_share=sampled_share,
                            self_written_share=self_written_share, max_new_tokens=max_new_tokens,
-                           subset_size=vocab_subset, head_weights=head_weights, generate_dtype=generate_dtype,
+                           subset_size=vocab_subset, feature_layers=layers, head_weights=head_weights, generate_dtype=generate_dtype,
                            generate_batch=generate_batch, device=device, threads=threads,
                            settings={"compute_dtype": train_dtype})
     manifest = run_distill(config, progress=elapsed_progress())

@@ -87,6 +87,9 @@ class GraphSpec:
     # Output holding the state that feeds the LM head (after the final norm), [batch, seq, hidden],
     # for a drafter that reads the target's features (`specdec distill` adds it); None: no such output.
     hidden_name: str | None = None
+    # Decoder layers whose normed inputs follow the last feature in `hidden_name` (EAGLE-3's lower taps):
+    # its width is hidden * (1 + len(hidden_layers)). Empty: the last feature only.
+    hidden_layers: list[int] = field(default_factory=list)
     # Fewest tokens (and logits rows) any call may have (v5 int4 targets; the exporter now writes
     # attention_pad_rows instead, same numbers): the runtime pads a shorter call with throwaway
     # positions past the cache's length (shared KV buffer only), so no call has a 1-row attention.
@@ -275,6 +278,7 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         total_length_name=s("total_length_name", True),
         logits_rows_name=s("logits_rows_name", True),
         hidden_name=s("hidden_name", True),
+        hidden_layers=list(_get(data, "hidden_layers", (list,), where, True) or []),
         min_rows=1 if data.get("min_rows") is None else _get(data, "min_rows", (int,), where),
         attention_pad_rows=(0 if data.get("attention_pad_rows") is None
                             else _get(data, "attention_pad_rows", (int,), where)),

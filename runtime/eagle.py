@@ -45,10 +45,13 @@ class EagleHead:
         # The head is ~5% of a target step: it runs where the host arrays are, without spinning.
         self.session, self.device = create_session(str(folder / spec.graph_file), provider, threads, spin=False)
         inputs = {i.name: i.shape for i in self.session.get_inputs()}
-        if inputs.get("hidden", [None])[-1] != spec.hidden_size or inputs.get("past_key", [None, None])[1] != \
+        # The target's hidden output: its last feature, then the normed inputs of target.hidden_layers.
+        self.feature_width = spec.hidden_size * (1 + len(target.hidden_layers))
+        if inputs.get("hidden", [None])[-1] != self.feature_width or inputs.get("past_key", [None, None])[1] != \
                 spec.num_kv_heads:
             raise ArtifactError(f"draft head graph '{spec.graph_file}' does not match its manifest entry "
-                                f"(hidden {spec.hidden_size}, {spec.num_kv_heads} KV heads): re-run `specdec distill`")
+                                f"(features {self.feature_width} wide, {spec.num_kv_heads} KV heads): "
+                                "re-run `specdec distill`")
         self.subset = np.load(folder / spec.subset_file, allow_pickle=False).astype(np.int64)
         if self.subset.shape != (spec.vocab_subset,) or self.subset.max(initial=0) >= vocab_limit:
             raise ArtifactError(f"draft head subset '{spec.subset_file}' does not fit the target's "
@@ -67,6 +70,13 @@ class EagleHead:
                 "past_key": past_key, "past_value": past_value}
         logits, features, key, value = self.session.run(None, feed)
         return logits[0], features[0], key, value
+
+    def own_feature(self, feature: np.ndarray) -> np.ndarray:
+        """Return the head's own feature [hidden] as a head input row [1, feature_width]: the lower layers' part 0,
+        as in training."""
+        row = np.zeros((1, self.feature_width), np.float32)
+        row[0, : feature.shape[-1]] = feature
+        return row
 
     def full_logits(self, subset_logits: np.ndarray) -> np.ndarray:
         """Return logits [rows, vocab_limit]: the subset's, and -inf for every id outside it."""
@@ -142,7 +152,7 @@ class EagleDrafter:
                 rows.append(q)
             tokens.append(token)
             if i + 1 < k:
-                logits, feature = self._run(feature[None], [token], len(context) - 1 + i)
+                logits, feature = self._run(self.head.own_feature(feature), [token], len(context) - 1 + i)
         return Proposal(tokens, np.stack(rows) if rows else None)
 
     def accept(self, context: list[int], target_hidden: np.ndarray | None = None) -> None:

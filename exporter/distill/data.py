@@ -24,6 +24,9 @@ class Example:
     greedy_next: np.ndarray  # [L] int64: the target's argmax after each position (acceptance is judged on it)
     answer_start: int  # first answer position
     sampled: bool  # the answer was sampled (temperature 0.7), not greedy
+    # [L, n * hidden] float16: the normed inputs of the target's layers in DraftConfig.extra_layers (EAGLE-3's
+    # low and middle features beside the last one); None when the head reads only the last feature.
+    layer_features: np.ndarray | None = None
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
@@ -168,9 +171,24 @@ def base_model(model):
     return getattr(model, model.base_model_prefix)
 
 
+def layer_inputs(model, hidden_states: tuple, layers: tuple[int, ...]) -> torch.Tensor | None:
+    """Return the normed inputs of the target's decoder `layers` concatenated [B, T, n * hidden] (None for none).
+
+    hidden_states: the model's output_hidden_states (entry i is the residual stream entering layer i);
+    each is passed through layer i's own input norm, the tensor its attention projections read.
+    """
+    if not layers:
+        return None
+    blocks = base_model(model).layers
+    return torch.cat([blocks[i].input_layernorm(hidden_states[i]) for i in layers], dim=-1)
+
+
 def features_of(model, conversations: list[tuple[list[int], list[int]]], sampled: bool,
-                batch_size: int = 8) -> list[Example]:
-    """Return an Example per (prompt ids, answer ids): one teacher-forced pass of the target over each."""
+                batch_size: int = 8, layers: tuple[int, ...] = ()) -> list[Example]:
+    """Return an Example per (prompt ids, answer ids): one teacher-forced pass of the target over each.
+
+    layers: decoder layers whose normed inputs are kept as Example.layer_features.
+    """
     device = next(model.parameters()).device
     head = model.get_output_embeddings()
     examples = []
@@ -181,14 +199,17 @@ def features_of(model, conversations: list[tuple[list[int], list[int]]], sampled
         ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
         with torch.no_grad():
-            hidden = base_model(model)(input_ids=ids, attention_mask=mask).last_hidden_state
+            out = base_model(model)(input_ids=ids, attention_mask=mask, output_hidden_states=bool(layers))
+            hidden = out.last_hidden_state
             greedy = head(hidden).argmax(-1)
+            extra = layer_inputs(model, out.hidden_states, layers)
         for row, (prompt, answer) in enumerate(chunk):
             length = len(prompt) + len(answer)
             examples.append(Example(
                 ids=np.asarray(seqs[row], np.int64), features=hidden[row, :length].float().cpu().numpy().astype(np.float16),
                 greedy_next=greedy[row, :length].cpu().numpy().astype(np.int64), answer_start=len(prompt),
-                sampled=sampled))
+                sampled=sampled,
+                layer_features=None if extra is None else extra[row, :length].float().cpu().numpy().astype(np.float16)))
     return examples
 
 
@@ -210,8 +231,10 @@ def frequent_tokens(examples: list[Example], size: int, vocab: int, always: list
 
 def save_examples(path, examples: list[Example]) -> None:
     """Write examples to one .npz file."""
+    extra = {} if examples[0].layer_features is None else {
+        "layer_features": np.concatenate([e.layer_features for e in examples])}
     np.savez(path, lengths=np.array([len(e.ids) for e in examples]), ids=np.concatenate([e.ids for e in examples]),
-             features=np.concatenate([e.features for e in examples]),
+             features=np.concatenate([e.features for e in examples]), **extra,
              greedy_next=np.concatenate([e.greedy_next for e in examples]),
              answer_start=np.array([e.answer_start for e in examples]),
              sampled=np.array([e.sampled for e in examples]))
@@ -222,6 +245,7 @@ def load_examples(path) -> list[Example]:
     data = np.load(path)
     # Each data[key] reads the whole array again: read once, or every example's slice keeps its own copy alive.
     ids, features, greedy = data["ids"], data["features"], data["greedy_next"]
+    layers = data["layer_features"] if "layer_features" in data.files else None
     bounds = np.concatenate([[0], np.cumsum(data["lengths"])])
-    return [Example(ids[a:b], features[a:b], greedy[a:b], int(s), bool(m))
+    return [Example(ids[a:b], features[a:b], greedy[a:b], int(s), bool(m), None if layers is None else layers[a:b])
             for a, b, s, m in zip(bounds[:-1], bounds[1:], data["answer_start"], data["sampled"])]

@@ -34,13 +34,16 @@ class DraftConfig:
     norm_eps: float
     vocab_size: int  # the target's full vocabulary (input ids range)
     subset_size: int  # ids the draft can propose
+    # Target layers whose normed inputs are fused into the target-fed feature (EAGLE-3's low/middle taps).
+    extra_layers: tuple[int, ...] = ()
 
     def as_dict(self) -> dict:
         """Return the config as a JSON-ready dict."""
         return asdict(self)
 
 
-def draft_config_for(target_config, subset_size: int, vocab_size: int) -> DraftConfig:
+def draft_config_for(target_config, subset_size: int, vocab_size: int,
+                     extra_layers: tuple[int, ...] = ()) -> DraftConfig:
     """Return a DraftConfig matching the target's attention shapes (any HF causal LM config)."""
     get = lambda *keys, default=None: next((getattr(target_config, k) for k in keys  # noqa: E731
                                             if getattr(target_config, k, None) is not None), default)
@@ -53,7 +56,7 @@ def draft_config_for(target_config, subset_size: int, vocab_size: int) -> DraftC
         intermediate_size=int(get("intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden),
         rope_theta=float(get("rope_theta", default=10000.0)),
         norm_eps=float(get("rms_norm_eps", "layer_norm_epsilon", default=1e-6)),
-        vocab_size=vocab_size, subset_size=subset_size,
+        vocab_size=vocab_size, subset_size=subset_size, extra_layers=tuple(extra_layers),
     )
 
 
@@ -75,7 +78,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class DraftHead(nn.Module):
     """forward(hidden, input_ids, position_ids, past_key, past_value) -> (logits, feature, present_key, present_value).
 
-    hidden [B, T, H] target (or drafted) features; input_ids [B, T] the next tokens;
+    hidden [B, T, feature_width]: the target's feature, then the normed inputs of
+    config.extra_layers (a drafted feature comes with zeros there); input_ids [B, T] the next tokens;
     position_ids [B, T]; past_key/past_value [B, kv_heads, P, head_dim]. Returns logits
     [B, T, subset], feature [B, T, H], and the presents [B, kv_heads, P + T, head_dim].
     Attention is causal over past + new (right padding in training needs no mask).
@@ -91,6 +95,10 @@ class DraftHead(nn.Module):
         self.register_buffer("subset_ids", subset_ids.clone().long())
         self.embed = nn.Embedding(c.subset_size + 1, c.hidden_size)
         self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=False)
+        # feature + fuse(extra): zero-initialised, so the head starts as the last-feature-only one; the
+        # head's own features are fed with extra = 0 (no bias), so they pass unchanged.
+        self.fuse = nn.Linear(len(c.extra_layers) * c.hidden_size, c.hidden_size, bias=False) \
+            if c.extra_layers else None
         self.input_norm = RMSNorm(c.hidden_size, c.norm_eps)
         self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
         self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
@@ -114,6 +122,8 @@ class DraftHead(nn.Module):
             self.embed.weight[: c.subset_size] = embed[self.subset_ids]
             self.embed.weight[c.subset_size] = embed.mean(0)
             self.lm_head.weight.copy_(target.get_output_embeddings().weight[self.subset_ids])
+            if self.fuse is not None:
+                self.fuse.weight.zero_()
             self.fc.weight.zero_()
             self.fc.weight[:, : c.hidden_size] = torch.eye(c.hidden_size)
             self.fc.weight[:, c.hidden_size:] = torch.eye(c.hidden_size)
@@ -134,9 +144,16 @@ class DraftHead(nn.Module):
         self.embed.weight.requires_grad_(False)  # the target's own token geometry; 1 row learns nothing useful
         self.lm_head.weight.requires_grad_(False)  # keeps the draft's output in the target's space
 
+    @property
+    def feature_width(self) -> int:
+        """Return the width of the `hidden` input: the last feature, then the extra layers' normed inputs."""
+        return self.config.hidden_size * (1 + len(self.config.extra_layers))
+
     def forward(self, hidden, input_ids, position_ids, past_key, past_value):
         c = self.config
         batch, new = input_ids.shape
+        if self.fuse is not None:
+            hidden = hidden[..., : c.hidden_size] + self.fuse(hidden[..., c.hidden_size:])
         x = self.fc(torch.cat([hidden, self.embed(self.subset_index[input_ids])], dim=-1))
         residual = x
         h = self.input_norm(x)
@@ -174,7 +191,7 @@ def export_draft_onnx(model: DraftHead, path, opset: int = 17) -> None:
     """Write the draft head as an ONNX graph (inputs INPUT_NAMES, outputs OUTPUT_NAMES) at `path`."""
     c = model.config
     model = model.eval().to("cpu")
-    example = (torch.zeros(1, 2, c.hidden_size), torch.zeros(1, 2, dtype=torch.long),
+    example = (torch.zeros(1, 2, model.feature_width), torch.zeros(1, 2, dtype=torch.long),
                torch.tensor([[3, 4]]), torch.zeros(1, c.num_kv_heads, 3, c.head_dim),
                torch.zeros(1, c.num_kv_heads, 3, c.head_dim))
     axes = {"hidden": {1: "new"}, "input_ids": {1: "new"}, "position_ids": {1: "new"},

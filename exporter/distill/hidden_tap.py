@@ -5,6 +5,10 @@ graphs the final norm is a SkipSimplifiedLayerNormalization whose *first* output
 normed state (its fourth output is the residual stream, one norm off): starting from the
 LM head's MatMul and walking back only through shape-preserving glue (Cast, Reshape, a
 Slice that trims rows for the LM head) lands on the right tensor whatever the fusions.
+
+EAGLE-3 also reads lower layers. Optionally the output holds, after the last feature, the
+normed inputs of chosen decoder layers (what their attention projections read): the first
+output of a fused norm, or the final Mul of an unfused one (find_layer_input).
 """
 
 from __future__ import annotations
@@ -40,21 +44,82 @@ def find_lm_head_input(model: onnx.ModelProto, logits_name: str = "logits") -> s
     return name
 
 
-def add_hidden_output(source: Path, destination: Path, logits_name: str = "logits") -> str:
+def find_layer_input(model: onnx.ModelProto, layer: int) -> str:
+    """Return the name of decoder layer `layer`'s normed input: the `input_layernorm` module's output.
+
+    The exporter names a module's tensors after it (/model/layers.{i}/input_layernorm/...), and
+    fusions keep the names of the outputs they replace; the module's output is the one of its
+    tensors read outside it. (Norm weights are no guide: equal ones are stored once.)
+    Raises ExportError when there is not exactly one such tensor.
+    """
+    prefix = f"/model/layers.{layer}/input_layernorm/"
+    inside = {out for node in model.graph.node for out in node.output if out.startswith(prefix)}
+    read_outside = {name for node in model.graph.node if not any(out.startswith(prefix) for out in node.output)
+                    for name in node.input if name in inside}
+    if len(read_outside) != 1:
+        raise ExportError(f"cannot find layer {layer}'s input norm output ('{prefix}...') in the target graph "
+                          f"(found {len(read_outside)}): its normed input cannot be tapped for the draft head")
+    return read_outside.pop()
+
+
+def _remove_tap(model: onnx.ModelProto) -> None:
+    """Drop an earlier tap (its nodes, constants and the output), so a graph can be tapped again with other layers."""
+    kept = [node for node in model.graph.node if not node.name.startswith("specdec_hidden_")]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    constants = [t for t in model.graph.initializer if not t.name.startswith("specdec_hidden_")]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(constants)
+    outputs = [value for value in model.graph.output if value.name != HIDDEN_OUTPUT]
+    del model.graph.output[:]
+    model.graph.output.extend(outputs)
+
+
+def _trailing_rows_of(model: onnx.ModelProto, taps: list[str], like: str) -> list[onnx.NodeProto]:
+    """Return nodes slicing each tap [B, T, H] to the trailing rows `like` has (tap + "_specdec_rows").
+
+    A graph whose last layer runs on the kept rows only (num_logits_to_keep) has fewer rows in
+    the LM head's input than in earlier layers; hidden-state calls keep every row, so there the
+    slice keeps all, and other calls still run a Concat of equal shapes.
+    """
+    from onnx import numpy_helper
+
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.array([1], np.int64), "specdec_hidden_rows_axis"),
+        numpy_helper.from_array(np.array([np.iinfo(np.int64).max], np.int64), "specdec_hidden_rows_end")])
+    make = onnx.helper.make_node
+    nodes = [make("Shape", [like], ["specdec_hidden_rows_shape"], name="specdec_hidden_rows_shape"),
+             make("Gather", ["specdec_hidden_rows_shape", "specdec_hidden_rows_axis"], ["specdec_hidden_rows_count"],
+                  name="specdec_hidden_rows_count", axis=0),
+             make("Neg", ["specdec_hidden_rows_count"], ["specdec_hidden_rows_start"], name="specdec_hidden_rows_start")]
+    for tap in taps:
+        nodes.append(make("Slice", [tap, "specdec_hidden_rows_start", "specdec_hidden_rows_end", "specdec_hidden_rows_axis"],
+                          [f"{tap}_specdec_rows"], name=f"specdec_hidden_rows_{len(nodes)}"))
+    return nodes
+
+
+def add_hidden_output(source: Path, destination: Path, logits_name: str = "logits",
+                      layers: tuple[int, ...] = ()) -> str:
     """Write a copy of the graph at `source` to `destination` with the LM head's input as an extra output.
 
-    External weight files are referenced, not copied (both graphs sit in one folder).
-    Returns the added output's name. Idempotent: a graph that has it already is copied as is.
+    With `layers`, the output is [batch, seq, hidden * (1 + len(layers))]: the LM head's input,
+    then each layer's normed input. External weight files are referenced, not copied (both
+    graphs sit in one folder). An earlier tap is replaced. Returns the added output's name.
     """
     model = onnx.load(str(source), load_external_data=False)
-    outputs = [value.name for value in model.graph.output]
-    if HIDDEN_OUTPUT not in outputs:
-        tapped = find_lm_head_input(model, logits_name)
+    _remove_tap(model)
+    tapped = find_lm_head_input(model, logits_name)
+    taps = [find_layer_input(model, layer) for layer in layers]
+    if taps:
+        model.graph.node.extend(_trailing_rows_of(model, taps, like=tapped))
+        model.graph.node.append(onnx.helper.make_node("Concat", [tapped] + [f"{t}_specdec_rows" for t in taps],
+                                                      [HIDDEN_OUTPUT], name="specdec_hidden_concat", axis=-1))
+    else:
         model.graph.node.append(onnx.helper.make_node("Identity", [tapped], [HIDDEN_OUTPUT], name="specdec_hidden_tap"))
-        logits = next(value for value in model.graph.output if value.name == logits_name)
-        elem = logits.type.tensor_type.elem_type
-        model.graph.output.append(onnx.helper.make_tensor_value_info(
-            HIDDEN_OUTPUT, elem, ["batch_size", "sequence_length", "hidden_size"]))
+    logits = next(value for value in model.graph.output if value.name == logits_name)
+    elem = logits.type.tensor_type.elem_type
+    model.graph.output.append(onnx.helper.make_tensor_value_info(
+        HIDDEN_OUTPUT, elem, ["batch_size", "sequence_length", "hidden_size"]))
     onnx.save(model, str(destination))
     return HIDDEN_OUTPUT
 

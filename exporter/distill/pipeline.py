@@ -54,6 +54,8 @@ class DistillConfig:
     generate_batch: int = 128  # bigger batches decode more tokens per second (docs/DISTILL.md)
     generate_dtype: str = "auto"  # the answers' decoder: auto (bf16 where native), bfloat16, float32
     subset_size: int = 8192  # FR-Spec: ids the head can propose
+    # Target decoder layers whose normed inputs the head reads beside the last feature (EAGLE-3); () : none.
+    feature_layers: tuple[int, ...] = ()
     head_weights: str = "int8"  # the exported head's MatMul weights: int8 (MatMulNBits) or fp32
     device: str = "auto"  # auto: CUDA when PyTorch sees one, else the CPU
     threads: int | None = None  # PyTorch and onnxruntime threads (None: all cores)
@@ -88,6 +90,10 @@ def check_config(config: DistillConfig) -> Manifest:
     if config.subset_size < 2:
         raise ExportError(f"--vocab-subset must be >= 2, got {config.subset_size}")
     manifest = load_manifest(config.artifact)
+    bad = [layer for layer in config.feature_layers if not 0 <= layer < manifest.target.num_layers]
+    if bad or len(set(config.feature_layers)) != len(config.feature_layers):
+        raise ExportError(f"--feature-layers must name distinct layers 0..{manifest.target.num_layers - 1} of the "
+                          f"target, got {','.join(map(str, config.feature_layers))}")
     if config.resume and not (work_dir(config.artifact) / "data.json").is_file():
         raise ExportError(f"nothing to resume: {work_dir(config.artifact)} holds no data (run without --resume)")
     if manifest.target.weights_dtype not in ("fp32", "fp16", "int8", "int4"):
@@ -95,31 +101,46 @@ def check_config(config: DistillConfig) -> Manifest:
     return manifest
 
 
-def _tap_target(artifact: Path, manifest: Manifest, model, tokenizer, progress: Progress) -> tuple[GraphSpec, dict]:
-    """Return the target spec with a hidden-state output (a new graph file) and its validation against PyTorch."""
+def tapped_graph_name(graph_file: str, layers: tuple[int, ...]) -> str:
+    """Return the file name of the tapped copy of `graph_file`: model.hidden.onnx, model.hidden-2-15.onnx, ..."""
+    source = Path(graph_file)
+    stem = source.name.split(".hidden")[0].removesuffix(".onnx")
+    return str(source.with_name(stem + ".hidden" + "".join(f"-{layer}" for layer in layers) + ".onnx"))
+
+
+def _tap_target(artifact: Path, manifest: Manifest, model, tokenizer, layers: tuple[int, ...],
+                progress: Progress) -> tuple[GraphSpec, dict]:
+    """Return the target spec with a hidden-state output (a new graph file) and its validation against PyTorch.
+
+    The output holds the LM head's input, then the normed inputs of `layers`; a graph already
+    tapped for the same layers is kept, one tapped for others is tapped again into a new file.
+    """
     import torch
 
-    from specdec.exporter.distill.data import base_model, chat_ids
+    from specdec.exporter.distill.data import base_model, chat_ids, layer_inputs
     from specdec.runtime.session import ModelSession
 
     spec = manifest.target
-    if spec.hidden_name:
+    if spec.hidden_name and tuple(spec.hidden_layers) == tuple(layers):
         return spec, manifest.validation.get("target_hidden", {})
     source = Path(spec.graph_file)
-    tapped = source.with_name(source.stem + ".hidden.onnx")
-    progress(f"target: adding the hidden-state output (the LM head's input) as {tapped}")
-    add_hidden_output(artifact / source, artifact / tapped, spec.logits_name)
+    tapped = tapped_graph_name(spec.graph_file, layers)
+    what = "the LM head's input" + (f" and the normed inputs of layers {', '.join(map(str, layers))}" if layers else "")
+    progress(f"target: adding the hidden-state output ({what}) as {tapped}")
+    add_hidden_output(artifact / source, artifact / tapped, spec.logits_name, layers)
     files = [str(tapped)] + spec.files[1:]
     sha = {k: v for k, v in spec.sha256.items() if k != spec.graph_file}
     sha[str(tapped)] = sha256_of_file(artifact / tapped)
-    spec = replace(spec, files=files, sha256=sha, hidden_name=HIDDEN_OUTPUT)
+    spec = replace(spec, files=files, sha256=sha, hidden_name=HIDDEN_OUTPUT, hidden_layers=list(layers))
     session = ModelSession(artifact, spec, "cpu")
     worst = 0.0
     for prompt in ("The capital of France is", "Write a haiku about autumn leaves."):
         ids = chat_ids(tokenizer, prompt)
         _, onnx_hidden = session.forward(session.new_cache(len(ids)), ids, hidden=True)
         with torch.no_grad():
-            reference = base_model(model)(input_ids=torch.tensor([ids])).last_hidden_state[0].float().numpy()
+            out = base_model(model)(input_ids=torch.tensor([ids]), output_hidden_states=bool(layers))
+            parts = [out.last_hidden_state] + ([layer_inputs(model, out.hidden_states, layers)] if layers else [])
+            reference = torch.cat(parts, dim=-1)[0].float().numpy()
         worst = max(worst, compare_hidden(onnx_hidden, reference))
     atol = HIDDEN_ATOL.get(spec.weights_dtype)
     report = {"max_hidden_diff": worst, "atol": atol, "passed": atol is None or worst <= atol}
@@ -169,7 +190,8 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
              "held-out features read by the fp32 target")
     heldout = generate_answers(generator, tokenizer, heldout_prompts(config.heldout, config.seed), eos,
                                config.max_new_tokens, 0.0, config.generate_batch, config.seed)
-    held = features_of(model, heldout, sampled=False)
+    layers = tuple(config.feature_layers)
+    held = features_of(model, heldout, sampled=False, layers=layers)
     templated = iter(training_prompts(100_000, config.seed))
     avoid, seen = bench_prompts(), set()
     examples = []
@@ -196,7 +218,7 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
                                    0.7 if sampled else 0.0, batch, config.seed + batch * chunk_index)
         chunk_index += 1
         middle = time.monotonic()
-        examples += features_of(generator, answers, sampled=sampled)
+        examples += features_of(generator, answers, sampled=sampled, layers=layers)
         seconds["generate"] += middle - chunk_started
         seconds["features"] += time.monotonic() - middle
         last_chunk = time.monotonic() - chunk_started
@@ -218,10 +240,38 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
             "positions": int(sum(len(e.ids) for e in examples)),
             "heldout_prompts": len(held), "heldout_answer_tokens": int(sum(len(e.ids) - e.answer_start for e in held)),
             "generate_dtype": str(dtype).removeprefix("torch."), "train_features_dtype": str(dtype).removeprefix("torch."),
-            "generate_batch": batch,
+            "generate_batch": batch, "feature_layers": list(layers),
             "generate_seconds": round(seconds["generate"], 1), "features_seconds": round(seconds["features"], 1),
             "data_seconds": round(data_seconds, 1),
             "answer_tokens_per_second": round(tokens / max(data_seconds, 1e-9), 1)}
+    (work / "data.json").write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+def _refeature(config: DistillConfig, model, work: Path, meta: dict, progress: Progress) -> dict:
+    """Read the target's features of config.feature_layers over the conversations already in `work`.
+
+    One teacher-forced pass (no decoding: minutes where the data took most of the budget),
+    by the same readers as _make_data; rewrites train/heldout .npz, drops the checkpoint (the
+    head's input changed) and returns the updated data record.
+    """
+    import copy
+
+    from specdec.exporter.distill.data import features_of, generator_dtype, load_examples, save_examples
+
+    layers = tuple(config.feature_layers)
+    progress(f"resume: reading the features of layers {list(layers) or 'none'} beside the last over the same "
+             f"{meta['prompts']} conversations (the data held {meta.get('feature_layers') or 'none'})")
+    started = time.monotonic()
+    dtype = generator_dtype(config.generate_dtype, str(next(model.parameters()).device))
+    readers = {"train.npz": copy.deepcopy(model).to(dtype), "heldout.npz": model}
+    for name, reader in readers.items():
+        old = load_examples(work / name)
+        conversations = [(e.ids[: e.answer_start].tolist(), e.ids[e.answer_start:].tolist()) for e in old]
+        new = features_of(reader, conversations, sampled=False, layers=layers)
+        save_examples(work / name, [replace(n, sampled=o.sampled) for n, o in zip(new, old)])
+    (work / "checkpoint.pt").unlink(missing_ok=True)
+    meta = {**meta, "feature_layers": list(layers), "refeature_seconds": round(time.monotonic() - started, 1)}
     (work / "data.json").write_text(json.dumps(meta, indent=2))
     return meta
 
@@ -256,11 +306,14 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
         progress(f"target: loading {manifest.target.source} into PyTorch")
         loaded = load_source(manifest.target.source, Path(scratch) / "target", False, manifest.target.revision)
         model, tokenizer = loaded.model.to(device).eval(), loaded.tokenizer
-        target_spec, hidden_report = _tap_target(artifact, manifest, model.cpu(), tokenizer, progress)
+        target_spec, hidden_report = _tap_target(artifact, manifest, model.cpu(), tokenizer,
+                                                 tuple(config.feature_layers), progress)
         model.to(device)
         if config.resume:
             meta = json.loads((work / "data.json").read_text())
             progress(f"resume: {meta['prompts']} conversations from {work}")
+            if tuple(meta.get("feature_layers", ())) != tuple(config.feature_layers):
+                meta = _refeature(config, model, work, meta, progress)
         else:
             meta = _make_data(config, manifest, model, tokenizer, start + config.data_share * config.minutes * 60,
                               work, progress)
@@ -273,7 +326,7 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
             subset = checkpoint["subset"]
         else:
             subset = frequent_tokens(examples, config.subset_size, vocab, manifest.tokenizer.eos_token_ids)
-        draft_config = draft_config_for(model.config, len(subset), vocab)
+        draft_config = draft_config_for(model.config, len(subset), vocab, tuple(config.feature_layers))
         head = DraftHead(draft_config, torch.from_numpy(subset))
         head.init_from_target(model.cpu())
         del model
@@ -316,6 +369,8 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "reproduce": f"specdec distill ART --seed {config.seed} --prompts {meta['prompts']} --steps {state.step}"
                          f" --generate-batch {config.generate_batch} --train-dtype {settings.compute_dtype}"
+                         + (f" --feature-layers {','.join(map(str, config.feature_layers))}"
+                            if config.feature_layers else "")
                          + (f" --self-written-share {config.self_written_share:g}"
                             if config.self_written_share != DistillConfig.self_written_share else ""),
         }

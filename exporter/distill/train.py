@@ -64,9 +64,13 @@ def _batch(examples: list[Example], picks: list[int], rng: np.random.Generator, 
            "ids": np.zeros((len(picks), width), np.int64), "pos": np.zeros((len(picks), width), np.int64),
            "greedy": np.zeros((len(picks), width), np.int64), "mask": np.zeros((len(picks), width), np.float32),
            "answer": np.zeros((len(picks), width), np.float32)}
+    if examples[0].layer_features is not None:  # the head's input: the feature, then the extra layers'
+        out["hidden"] = np.zeros((len(picks), width, hidden_size + examples[0].layer_features.shape[1]), np.float32)
     for row, (ex, a, b) in enumerate(windows):
         n = b - a - 1
-        out["hidden"][row, :n] = ex.features[a:b - 1]
+        out["hidden"][row, :n, :hidden_size] = ex.features[a:b - 1]
+        if ex.layer_features is not None:
+            out["hidden"][row, :n, hidden_size:] = ex.layer_features[a:b - 1]
         out["target"][row, :n] = ex.features[a + 1:b]
         out["ids"][row, :n] = ex.ids[a + 1:b]
         out["pos"][row, :n] = np.arange(a, b - 1)
@@ -79,6 +83,15 @@ def _batch(examples: list[Example], picks: list[int], rng: np.random.Generator, 
 def _empty_past(head: DraftHead, batch: int, device) -> torch.Tensor:
     c = head.config
     return torch.zeros(batch, c.num_kv_heads, 0, c.head_dim, device=device)
+
+
+def self_fed(inputs: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+    """Return the input of a pass fed the head's own features: position j reads the guess made at j-1.
+
+    Position 0 keeps the target's input; the extra layers' part is 0 elsewhere, as at run time.
+    """
+    guessed = nn.functional.pad(feature[:, :-1], (0, inputs.shape[-1] - feature.shape[-1]))
+    return torch.cat([inputs[:, :1], guessed], dim=1)
 
 
 def _losses(head: DraftHead, b: dict[str, torch.Tensor], settings: TrainSettings, noise: bool) -> tuple:
@@ -99,8 +112,7 @@ def _losses(head: DraftHead, b: dict[str, torch.Tensor], settings: TrainSettings
     loss = loss_of(logits, feature)
     if settings.unroll_weight:
         # Position j now reads the head's own guess of f_j (made at j-1), as a second draft step does.
-        fed = torch.cat([inputs[:, :1], feature[:, :-1]], dim=1)
-        logits2, feature2, _, _ = head(fed, b["ids"], b["pos"], past, past)
+        logits2, feature2, _, _ = head(self_fed(inputs, feature), b["ids"], b["pos"], past, past)
         loss = loss + settings.unroll_weight * loss_of(logits2, feature2)
     return loss, logits
 
@@ -122,8 +134,7 @@ def heldout_acceptance(head: DraftHead, examples: list[Example], device) -> dict
             b = _batch(examples, list(range(first, min(first + 8, len(examples)))), rng, device)
             past = _empty_past(head, b["ids"].shape[0], device)
             logits, feature, _, _ = head(b["hidden"], b["ids"], b["pos"], past, past)
-            fed = torch.cat([b["hidden"][:, :1], feature[:, :-1]], dim=1)
-            logits2, _, _, _ = head(fed, b["ids"], b["pos"], past, past)
+            logits2, _, _, _ = head(self_fed(b["hidden"], feature), b["ids"], b["pos"], past, past)
             weight = b["mask"] * b["answer"]
             for index, lg in enumerate((logits, logits2)):
                 hits[index] += float(((head.subset_ids[lg.argmax(-1)] == b["greedy"]).float() * weight).sum())

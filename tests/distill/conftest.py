@@ -21,3 +21,15 @@ def distilled_artifact(tiny_target_only_artifact, tmp_path_factory) -> Path:
     shutil.copytree(tiny_target_only_artifact, folder)
     run_distill(DistillConfig(artifact=folder, **TINY_DISTILL), progress=lambda message: None)
     return folder
+
+
+@pytest.fixture(scope="session")
+def distilled_layers_artifact(tiny_target_only_artifact, tmp_path_factory) -> Path:
+    """Return a copy of the tiny target-only llama artifact with a head that also reads the normed inputs of
+    layers 0 and 1 (EAGLE-3's lower taps; layer 0's norm is unfused, layer 1's fused with the residual add)."""
+    from specdec.exporter.distill.pipeline import DistillConfig, run_distill
+
+    folder = tmp_path_factory.mktemp("distilled-layers") / "art"
+    shutil.copytree(tiny_target_only_artifact, folder)
+    run_distill(DistillConfig(artifact=folder, feature_layers=(0, 1), **TINY_DISTILL), progress=lambda message: None)
+    return folder

@@ -143,6 +143,44 @@ def test_hidden_tap_is_the_lm_head_input(tiny_sources, tiny_artifacts, tmp_path,
     assert np.abs(logits - hidden @ weight.T[:, : logits.shape[1]]).max() < 1e-3
 
 
+def test_hidden_tap_with_layers_holds_their_normed_inputs(tiny_sources, tiny_artifacts, tmp_path):
+    """With layers, the output is [last feature, normed input of each layer] (PyTorch's, layer by layer);
+    tapping the tapped graph again replaces the tap."""
+    import onnx
+    import torch
+    from dataclasses import replace
+    from transformers import AutoModelForCausalLM
+
+    from specdec.exporter.distill.data import layer_inputs
+    from specdec.exporter.distill.hidden_tap import HIDDEN_OUTPUT, add_hidden_output
+    from specdec.models.manifest import load_manifest
+    from specdec.runtime.session import ModelSession
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifacts["llama"], art)
+    manifest = load_manifest(art)
+    model = AutoModelForCausalLM.from_pretrained(tiny_sources["llama"][0]).eval()
+    ids = [5, 17, 42, 9, 100, 7]
+    with torch.no_grad():
+        out = model.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        last = out.last_hidden_state[0].numpy()
+        lower = layer_inputs(model, out.hidden_states, (1, 0))[0].numpy()
+    add_hidden_output(art / manifest.target.graph_file, art / "target" / "tapped.onnx", layers=(1, 0))
+    add_hidden_output(art / "target" / "tapped.onnx", art / "target" / "again.onnx")
+    expected = {"tapped.onnx": np.concatenate([last, lower], axis=1), "again.onnx": last}
+    for name, reference in expected.items():
+        graph = onnx.load(str(art / "target" / name), load_external_data=False)
+        assert [o.name for o in graph.graph.output].count(HIDDEN_OUTPUT) == 1
+        spec = replace(manifest.target, files=[f"target/{name}"] + manifest.target.files[1:], hidden_name=HIDDEN_OUTPUT)
+        session = ModelSession(art, spec, "cpu", threads=1)
+        cache = session.new_cache(16)
+        _, hidden = session.forward(cache, ids[:4], hidden=True)
+        _, step_hidden = session.forward(cache, ids[4:], hidden=True)
+        assert np.abs(np.concatenate([hidden, step_hidden]) - reference).max() < 1e-4, name
+    # Layer 1's input norm differs from layer 0's: the taps are not one tensor twice.
+    assert np.abs(lower[:, :64] - lower[:, 64:]).max() > 1e-2
+
+
 def test_distill_writes_a_head_the_manifest_describes(distilled_artifact):
     from specdec.models.manifest import load_manifest
 
@@ -172,6 +210,42 @@ def test_distill_writes_a_head_the_manifest_describes(distilled_artifact):
     listed = set(manifest.tokenizer.files) | set(head.files) | {f for g in manifest.graphs() for f in g.files}
     on_disk = {str(p.relative_to(distilled_artifact)) for p in distilled_artifact.rglob("*") if p.is_file()}
     assert on_disk - listed == {"specdec.json"}
+
+
+def test_distill_with_feature_layers_taps_them_and_records_them(distilled_layers_artifact, distilled_artifact,
+                                                                tmp_path):
+    """--feature-layers: the tapped graph holds them (validated against PyTorch), the head reads that width,
+    the manifest says which; resuming with other layers re-reads the features over the same conversations."""
+    import onnx
+    from dataclasses import replace as copy_with
+
+    from specdec.exporter.distill.pipeline import DistillConfig, run_distill, work_dir
+    from specdec.models.manifest import load_manifest
+    from tests.distill.conftest import TINY_DISTILL
+
+    manifest = load_manifest(distilled_layers_artifact)
+    target, head = manifest.target, manifest.feature_draft
+    assert target.hidden_layers == [0, 1] and target.graph_file.endswith("model.hidden-0-1.onnx")
+    assert manifest.validation["target_hidden"]["max_hidden_diff"] < 1e-3
+    width = {i.name: i.type.tensor_type.shape.dim[-1].dim_value
+             for i in onnx.load(str(distilled_layers_artifact / head.graph_file)).graph.input}["hidden"]
+    assert width == 3 * head.hidden_size
+    record = head.training
+    assert record["data"]["feature_layers"] == [0, 1] and record["draft_config"]["extra_layers"] == [0, 1]
+    assert "--feature-layers 0,1" in record["reproduce"]
+    assert record["train_fit"]["first"] > record["untrained_train_fit"]["first"] + 0.1, record
+    art = tmp_path / "art"
+    shutil.copytree(distilled_artifact, art)
+    shutil.copytree(work_dir(distilled_artifact), work_dir(art))
+    config = copy_with(DistillConfig(artifact=art, **TINY_DISTILL), resume=True, feature_layers=(1,), steps=3,
+                       eval_prompts=0)
+    resumed = run_distill(config, progress=lambda message: None)
+    record = resumed.feature_draft.training
+    # Same conversations, new features, a fresh head (the old checkpoint's input was narrower).
+    assert record["data"]["feature_layers"] == [1] and record["data"]["prompts"] == 16 and record["steps"] == 3
+    assert resumed.target.hidden_layers == [1] and resumed.target.graph_file.endswith("model.hidden-1.onnx")
+    on_disk = {p.name for p in (art / "target").glob("*.onnx")}
+    assert on_disk == {"model.hidden-1.onnx"}, on_disk  # the earlier tapped graph is gone
 
 
 def test_trained_head_beats_the_untrained_one(distilled_artifact):
@@ -243,6 +317,8 @@ def test_resume_after_the_data_phase_trains_from_the_start(distilled_artifact, t
 @pytest.mark.parametrize("args, message", [
     (["--minutes", "0"], "--minutes must be > 0"),
     (["--resume"], "nothing to resume"),
+    (["--feature-layers", "0,2"], "--feature-layers must name distinct layers 0..1"),
+    (["--feature-layers", "1,1"], "--feature-layers must name distinct layers 0..1"),
 ])
 def test_bad_distill_runs_are_refused_in_one_line(tiny_target_only_artifact, tmp_path, args, message):
     from click.testing import CliRunner

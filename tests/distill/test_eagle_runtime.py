@@ -24,6 +24,9 @@ class FakeHead:
         self.subset = np.arange(10)
         self.calls = []
 
+    def own_feature(self, feature):
+        return feature[None]
+
     def run(self, hidden, token_ids, start, past_key, past_value):
         self.calls.append((hidden[:, 0].tolist(), list(token_ids), start, past_key.shape[2]))
         n = len(token_ids)
@@ -83,6 +86,11 @@ def engine(distilled_artifact):
     return Engine.load(distilled_artifact, provider="cpu", threads=1)
 
 
+@pytest.fixture(scope="module")
+def layers_engine(distilled_layers_artifact):
+    return Engine.load(distilled_layers_artifact, provider="cpu", threads=1)
+
+
 def _prompts(engine):
     from specdec.exporter.distill.prompts import training_prompts
 
@@ -102,6 +110,12 @@ def test_greedy_with_the_eagle_drafter_equals_target_only(engine, drafter, k):
     assert drafted > 0, drafted
     if k != "auto":  # under auto, K (and so what gets drafted where) follows this machine's timings
         assert accepted > 0, (accepted, drafted)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_with_a_head_reading_lower_layers_equals_target_only(layers_engine, k):
+    """The head fed [feature, layer 0 and 1 inputs] by the target and [own feature, 0] by itself stays exact."""
+    test_greedy_with_the_eagle_drafter_equals_target_only(layers_engine, "eagle", k)
 
 
 def test_sampled_with_the_eagle_drafter_has_the_target_distribution(engine):
