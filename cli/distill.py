@@ -61,8 +61,8 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
 @one_line_errors
 def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: int | None, steps: int | None,
             data_share: float, sampled_share: float, self_written_share: float, max_new_tokens: int,
-            vocab_subset: int, feature_layers: str, generate_dtype: str, train_dtype: str, head_weights: str, generate_batch: int,
-            device: str, threads: int | None, as_json: bool) -> None:
+            vocab_subset: int, feature_layers: str, generate_dtype: str, train_dtype: str, head_weights: str,
+            generate_batch: int, device: str, threads: int | None, as_json: bool) -> None:
     """Train an EAGLE-style draft head for ARTIFACT's target on the target's own answers, and write it in.
 
     The target graph gets a hidden-state output (the LM head's input), validated against
@@ -84,7 +84,8 @@ def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: in
     config = DistillConfig(artifact=artifact, minutes=minutes, seed=seed, resume=resume, prompts=prompts, steps=steps,
                            data_share=data_share, sampled_share=sampled_share,
                            self_written_share=self_written_share, max_new_tokens=max_new_tokens,
-                           subset_size=vocab_subset, feature_layers=layers, head_weights=head_weights, generate_dtype=generate_dtype,
+                           subset_size=vocab_subset, feature_layers=layers, head_weights=head_weights,
+                           generate_dtype=generate_dtype,
                            generate_batch=generate_batch, device=device, threads=threads,
                            settings={"compute_dtype": train_dtype})
     manifest = run_distill(config, progress=elapsed_progress())

@@ -91,10 +91,11 @@ def _trailing_rows_of(model: onnx.ModelProto, taps: list[str], like: str) -> lis
     nodes = [make("Shape", [like], ["specdec_hidden_rows_shape"], name="specdec_hidden_rows_shape"),
              make("Gather", ["specdec_hidden_rows_shape", "specdec_hidden_rows_axis"], ["specdec_hidden_rows_count"],
                   name="specdec_hidden_rows_count", axis=0),
-             make("Neg", ["specdec_hidden_rows_count"], ["specdec_hidden_rows_start"], name="specdec_hidden_rows_start")]
+             make("Neg", ["specdec_hidden_rows_count"], ["specdec_hidden_rows_start"],
+                  name="specdec_hidden_rows_start")]
+    bounds = ["specdec_hidden_rows_start", "specdec_hidden_rows_end", "specdec_hidden_rows_axis"]
     for tap in taps:
-        nodes.append(make("Slice", [tap, "specdec_hidden_rows_start", "specdec_hidden_rows_end", "specdec_hidden_rows_axis"],
-                          [f"{tap}_specdec_rows"], name=f"specdec_hidden_rows_{len(nodes)}"))
+        nodes.append(make("Slice", [tap, *bounds], [f"{tap}_specdec_rows"], name=f"specdec_hidden_rows_{len(nodes)}"))
     return nodes
 
 
