@@ -326,6 +326,16 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
         validation["target"]["step_vs_call_max_diff"] = drift
         progress(f"target: 1-token steps against the same tokens in one call: max |logit diff| {drift:.2e}"
                  + (" (must be 0 with the attention pad)" if target_spec.attention_pad_rows else ""))
+        if target_spec.attention_pad_rows and drift != 0.0 and target_spec.kv_buffer == "shared":
+            # Some CPUs' MatMul kernels also round a 1-row call differently (MatMulNBits on AVX2-only
+            # CPUs): then every call gets a second, throwaway row (min_rows), checked the same way.
+            padded = replace(target_spec, min_rows=2)
+            checked = ModelSession(staging, padded, provider="cpu")
+            unpadded, drift = drift, step_call_difference(checked, prompts)
+            validation["target"].update(step_vs_call_max_diff=drift, step_vs_call_max_diff_one_row=unpadded)
+            progress(f"target: this CPU's 1-row calls still differ by {unpadded:.2e}: every call gets 2 rows "
+                     f"at least (min_rows 2); max |logit diff| now {drift:.2e}")
+            target_spec = padded
         if target_spec.attention_pad_rows and drift != 0.0:
             raise ExportError(f"target graph: 1-token steps and verify calls still differ by {drift:.3g} in logits "
                               "after the attention pad; speculative greedy output would not be exact")

@@ -53,7 +53,10 @@ def test_quantized_target_validates_and_decodes_exactly(quantized_artifacts, wei
     # int4 target keeps level 4 and its attention never runs on one query row; int8 computes in fp32 (level 1).
     level, pad = {"int8": (EXACT_ACCURACY_LEVEL, False), "int4": (FAST_ACCURACY_LEVEL, True)}[weights]
     assert _accuracy_levels(graph) == {level} and (level, pad) == target_precision(weights, True)
-    assert spec.kv_buffer == "shared" and spec.min_rows == 1 and spec.attention_pad_rows == int(pad)
+    # Where this CPU's MatMul kernels also round a 1-row call differently, every call gets 2 rows (min_rows).
+    one_row = report.get("step_vs_call_max_diff_one_row")
+    assert spec.kv_buffer == "shared" and spec.attention_pad_rows == int(pad)
+    assert spec.min_rows == (2 if one_row else 1) and (one_row is None or pad)
     assert ("attention_pad" in spec.optimization) == pad
     assert manifest.validation["target"]["step_vs_call_max_diff"] == 0.0 or not pad
     shown = CliRunner().invoke(main, ["inspect", str(out)])  # a quantized report has no float logit bounds

@@ -32,8 +32,10 @@ def int4_engine(tmp_path_factory):
         run_export(ExportConfig(target=str(gguf), draft=None, output=folder, weights="int4"), progress=lambda m: None)
     spec = load_manifest(folder).target
     assert spec.optimization["quantization"]["accuracy_level"] == 4
-    assert spec.attention_pad_rows == 1 and spec.min_rows == 1
-    assert load_manifest(folder).validation["target"]["step_vs_call_max_diff"] == 0.0
+    report = load_manifest(folder).validation["target"]
+    # min_rows 2 only where the attention pad alone left 1-row calls scoring differently (AVX2-only CPUs).
+    assert spec.attention_pad_rows == 1 and spec.min_rows == (2 if report.get("step_vs_call_max_diff_one_row") else 1)
+    assert report["step_vs_call_max_diff"] == 0.0
     return Engine.load(folder, provider="cpu", threads=2)
 
 
