@@ -74,6 +74,8 @@ class EagleHead:
     def own_feature(self, feature: np.ndarray) -> np.ndarray:
         """Return the head's own feature [hidden] as a head input row [1, feature_width]: the lower layers' part 0,
         as in training."""
+        if feature.shape[-1] == self.feature_width:  # no lower layers: the feature is the whole input
+            return feature[None]
         row = np.zeros((1, self.feature_width), np.float32)
         row[0, : feature.shape[-1]] = feature
         return row
