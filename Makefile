@@ -27,7 +27,7 @@ device-kit: $(STAMP)
 	$(BIN)/python tools/device_kit.py --root .device
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
