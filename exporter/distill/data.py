@@ -183,6 +183,14 @@ def layer_inputs(model, hidden_states: tuple, layers: tuple[int, ...]) -> torch.
     return torch.cat([blocks[i].input_layernorm(hidden_states[i]) for i in layers], dim=-1)
 
 
+def target_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                    layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Return what the tapped target graph outputs, from one PyTorch pass: (the LM head's input [B, T, H],
+    the normed inputs of `layers` [B, T, n * H] or None)."""
+    out = base_model(model)(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=bool(layers))
+    return out.last_hidden_state, layer_inputs(model, out.hidden_states, layers)
+
+
 def features_of(model, conversations: list[tuple[list[int], list[int]]], sampled: bool,
                 batch_size: int = 8, layers: tuple[int, ...] = ()) -> list[Example]:
     """Return an Example per (prompt ids, answer ids): one teacher-forced pass of the target over each.
@@ -199,10 +207,8 @@ def features_of(model, conversations: list[tuple[list[int], list[int]]], sampled
         ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
         with torch.no_grad():
-            out = base_model(model)(input_ids=ids, attention_mask=mask, output_hidden_states=bool(layers))
-            hidden = out.last_hidden_state
+            hidden, extra = target_features(model, ids, mask, layers)
             greedy = head(hidden).argmax(-1)
-            extra = layer_inputs(model, out.hidden_states, layers)
         for row, (prompt, answer) in enumerate(chunk):
             length = len(prompt) + len(answer)
             examples.append(Example(

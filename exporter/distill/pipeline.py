@@ -117,7 +117,7 @@ def _tap_target(artifact: Path, manifest: Manifest, model, tokenizer, layers: tu
     """
     import torch
 
-    from specdec.exporter.distill.data import base_model, chat_ids, layer_inputs
+    from specdec.exporter.distill.data import chat_ids, target_features
     from specdec.runtime.session import ModelSession
 
     spec = manifest.target
@@ -138,9 +138,8 @@ def _tap_target(artifact: Path, manifest: Manifest, model, tokenizer, layers: tu
         ids = chat_ids(tokenizer, prompt)
         _, onnx_hidden = session.forward(session.new_cache(len(ids)), ids, hidden=True)
         with torch.no_grad():
-            out = base_model(model)(input_ids=torch.tensor([ids]), output_hidden_states=bool(layers))
-            parts = [out.last_hidden_state] + ([layer_inputs(model, out.hidden_states, layers)] if layers else [])
-            reference = torch.cat(parts, dim=-1)[0].float().numpy()
+            last, lower = target_features(model, torch.tensor([ids]), layers=layers)
+            reference = (last if lower is None else torch.cat([last, lower], dim=-1))[0].float().numpy()
         worst = max(worst, compare_hidden(onnx_hidden, reference))
     atol = HIDDEN_ATOL.get(spec.weights_dtype)
     report = {"max_hidden_diff": worst, "atol": atol, "passed": atol is None or worst <= atol}
@@ -159,6 +158,17 @@ def _takes_turn(index: int, share: float) -> bool:
     return (index * share) % 1.0 >= 1.0 - share - 1e-9
 
 
+def _feature_reader(config: DistillConfig, model):
+    """Return the copy of the target that decodes training answers and reads their features (generator_dtype)."""
+    import copy
+
+    from specdec.exporter.distill.data import generator_dtype, use_grouped_attention
+
+    reader = copy.deepcopy(model).to(generator_dtype(config.generate_dtype, str(next(model.parameters()).device)))
+    use_grouped_attention(reader)
+    return reader
+
+
 def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, deadline: float, work: Path,
                progress: Progress) -> dict:
     """Answer prompts with the target and read its features over them; write train/heldout .npz; return sizes.
@@ -174,18 +184,12 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
     deadline covers both costs. Held-out features and greedy choices, which acceptance is
     judged on, are read by the fp32 target.
     """
-    import copy
-
-    import torch
-
-    from specdec.exporter.distill.data import (features_of, generate_answers, generator_dtype, save_examples,
-                                               use_grouped_attention, write_user_turns)
+    from specdec.exporter.distill.data import features_of, generate_answers, save_examples, write_user_turns
 
     eos = list(manifest.tokenizer.eos_token_ids)
     started = time.monotonic()
-    dtype = generator_dtype(config.generate_dtype, str(next(model.parameters()).device))
-    generator = copy.deepcopy(model).to(dtype)
-    use_grouped_attention(generator)
+    generator = _feature_reader(config, model)
+    dtype = next(generator.parameters()).dtype
     progress(f"data: answers decoded in {str(dtype).removeprefix('torch.')}, batches of {config.generate_batch}; "
              "held-out features read by the fp32 target")
     heldout = generate_answers(generator, tokenizer, heldout_prompts(config.heldout, config.seed), eos,
@@ -255,16 +259,13 @@ def _refeature(config: DistillConfig, model, work: Path, meta: dict, progress: P
     by the same readers as _make_data; rewrites train/heldout .npz, drops the checkpoint (the
     head's input changed) and returns the updated data record.
     """
-    import copy
-
-    from specdec.exporter.distill.data import features_of, generator_dtype, load_examples, save_examples
+    from specdec.exporter.distill.data import features_of, load_examples, save_examples
 
     layers = tuple(config.feature_layers)
     progress(f"resume: reading the features of layers {list(layers) or 'none'} beside the last over the same "
              f"{meta['prompts']} conversations (the data held {meta.get('feature_layers') or 'none'})")
     started = time.monotonic()
-    dtype = generator_dtype(config.generate_dtype, str(next(model.parameters()).device))
-    readers = {"train.npz": copy.deepcopy(model).to(dtype), "heldout.npz": model}
+    readers = {"train.npz": _feature_reader(config, model), "heldout.npz": model}
     for name, reader in readers.items():
         old = load_examples(work / name)
         conversations = [(e.ids[: e.answer_start].tolist(), e.ids[e.answer_start:].tolist()) for e in old]
