@@ -115,11 +115,6 @@ class ModelSession:
         self.last_greedy_rows: tuple[np.ndarray, np.ndarray] | None = None  # (heads' input, 8-bit logits)
         if spec.greedy_head and self.device == "cpu":
             self.greedy_head = GreedyHead.load(folder, spec.greedy_head)
-            # Known widths let steps and verify calls write the heads' rows into kept buffers: fetching a
-            # per-call allocation wraps every output of the call (~0.4 ms a fetch with 60 KV outputs).
-            vocab, width = self.greedy_head.weights.shape
-            self._outputs[spec.greedy_head["input_name"]] = (np.float32, width)
-            self._outputs[spec.greedy_head["approx_name"]] = (np.float32, vocab)
 
     @property
     def provider(self) -> str:
@@ -153,8 +148,8 @@ class ModelSession:
 
     def _output(self, call: CallBinding, name: str, rows: int, device: str) -> ort.OrtValue | int:
         """Bind output `name`: to a kept buffer (returned) for the shapes of steps and verify calls, else
-        (a width the graph does not declare, or a prefill's many rows) to a per-call allocation (its
-        index in get_outputs() returned), so a request does not hold a prompt-sized buffer."""
+        (a width neither the graph nor an earlier call has shown, or a prefill's many rows) to a per-call
+        allocation (its index in get_outputs() returned), so a request does not hold a prompt-sized buffer."""
         dtype, width = self._outputs[name]
         if not isinstance(width, int) and name == self.spec.logits_name:
             width = self.spec.vocab_size
@@ -162,9 +157,17 @@ class ModelSession:
             return call.output_allocated(name, device)
         return call.output(name, (1, rows, width), np.dtype(dtype), device)
 
-    @staticmethod
-    def _fetched(call: CallBinding, bound: ort.OrtValue | int) -> np.ndarray:
-        return (call.io.get_outputs()[bound] if isinstance(bound, int) else bound).numpy()
+    def _fetched(self, call: CallBinding, name: str, bound: ort.OrtValue | int) -> np.ndarray:
+        """Return output `name` of the last call as an array (a view of its buffer)."""
+        if not isinstance(bound, int):
+            return bound.numpy()
+        value = call.io.get_outputs()[bound]
+        dtype, width = self._outputs[name]
+        if not isinstance(width, int):
+            # Learnt once: later steps and verify calls write into kept buffers, since a fetch of a
+            # per-call allocation wraps every output of the call (~0.4 ms with SmolLM2's 60 KV outputs).
+            self._outputs[name] = (dtype, value.shape()[-1])
+        return value.numpy()
 
     def forward(self, cache: KVCache, token_ids: list[int], logits_rows: int | None = None,
                 hidden: bool = False, greedy: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -253,12 +256,15 @@ class ModelSession:
         # Copies: the output buffers are written again by the next call of this cache.
         if head:
             kept = slice(out_rows - pad - rows, out_rows - pad)
-            self.last_greedy_rows = (np.array(self._fetched(call, head_value)[0, kept]),
-                                     np.array(self._fetched(call, approx_value)[0, kept, : self.vocab_limit]))
+            self.last_greedy_rows = (np.array(self._fetched(call, spec.greedy_head["input_name"], head_value)[0, kept]),
+                                     np.array(self._fetched(call, spec.greedy_head["approx_name"], approx_value)
+                                              [0, kept, : self.vocab_limit]))
             logits = head.logits(*self.last_greedy_rows)
         else:
-            logits = np.array(self._fetched(call, logits_value)[0, out_rows - pad - rows: out_rows - pad, : self.vocab_limit])
-        states = np.array(self._fetched(call, hidden_value)[0, :n_new], dtype=np.float32) if hidden else None
+            logits = np.array(self._fetched(call, spec.logits_name, logits_value)
+                              [0, out_rows - pad - rows: out_rows - pad, : self.vocab_limit])
+        states = (np.array(self._fetched(call, spec.hidden_name, hidden_value)[0, :n_new], dtype=np.float32)
+                  if hidden else None)
         if self.shared_kv:
             cache.append(cache.tensors, token_ids)
         else:

@@ -141,6 +141,8 @@ def test_hidden_tap_is_the_lm_head_input(tiny_sources, tiny_artifacts, tmp_path,
     assert hidden.shape == (4, reference.shape[1]) and step_hidden.shape == (2, reference.shape[1])
     assert np.abs(np.concatenate([hidden, step_hidden]) - reference).max() < 1e-4
     assert np.abs(logits - hidden @ weight.T[:, : logits.shape[1]]).max() < 1e-3
+    if session.shared_kv:  # the verify call wrote its hidden rows into a kept buffer, its width learnt from the first
+        assert (HIDDEN_OUTPUT, (1, 2, reference.shape[1])) in cache.bindings[(True, False)]._outputs
 
 
 def test_hidden_tap_with_layers_holds_their_normed_inputs(tiny_sources, tiny_artifacts, tmp_path):
