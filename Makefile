@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARTIFACT ?= artifacts/smollm2
+# The demo and bench artifact: greedy calls read an 8-bit LM head, bounded to the fp32 head's argmax (docs/DESIGN.md).
+EXPORT_FLAGS ?= --greedy-head
 # A grounded prompt: the answer copies from the prompt, which is where prompt-lookup drafting shines.
 PROMPT ?= Rewrite this in simpler words, keeping every fact: The committee approved the budget on Tuesday after a long debate. The new budget increases funding for public libraries by ten percent and for school buses by five percent, and it cuts spending on road repairs.
 
@@ -39,11 +41,11 @@ mutants: $(STAMP)
 
 # Export SmolLM2 once (skipped while the artifact's checksums match), then chat with it.
 $(ARTIFACT)/specdec.json: | $(STAMP)
-	$(BIN)/specdec export --target "$$($(BIN)/python -m specdec.exporter.bundled)" --draft none --output $(ARTIFACT) --force
+	$(BIN)/specdec export --target "$$($(BIN)/python -m specdec.exporter.bundled)" --draft none $(EXPORT_FLAGS) --output $(ARTIFACT) --force
 
 demo: $(STAMP) $(ARTIFACT)/specdec.json
 	@$(BIN)/specdec inspect $(ARTIFACT) > /dev/null 2>&1 || $(BIN)/specdec export \
-		--target "$$($(BIN)/python -m specdec.exporter.bundled)" --draft none --output $(ARTIFACT) --force
+		--target "$$($(BIN)/python -m specdec.exporter.bundled)" --draft none $(EXPORT_FLAGS) --output $(ARTIFACT) --force
 	$(BIN)/specdec generate $(ARTIFACT) "$(PROMPT)" --chat --max-new-tokens 96 --num-draft-tokens auto
 
 # Quick benchmark without the genai anchor (no second venv); `make bench` is the full one.

@@ -111,7 +111,8 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
         f"- date: {meta['date']}",
         f"- machine: {meta['machine']}",
         f"- command: `{meta['command']}`",
-        f"- artifact: {meta['artifact']} (target {meta['target']}, draft {meta['draft']})",
+        f"- artifact: {meta['artifact']} (target {meta['target']}, draft {meta['draft']})"
+        + (f"; target graph: {meta['target_graph']}" if meta.get("target_graph") else ""),
         f"- prompt set: {_prompt_set_name(meta)} ({meta['prompts']} prompts, sha256 {meta['prompt_set_sha256'][:12]}), "
         f"greedy, max_new_tokens {meta['max_new_tokens']}, {meta['repeats']} repeats, configurations alternate "
         "within each prompt and repeat; figures are medians over repeats",

@@ -21,6 +21,15 @@ from specdec.runtime.config import MAX_DRAFT_TOKENS, PROVIDER_CHOICES
 GENAI_PREFILL_SAMPLES = 3  # extra prefills per genai worker run: TTFT is a median, as specdec's (3 runs per repeat)
 
 
+def _target_graph(engine) -> str:
+    """Return the export choices of the target graph that change its speed, in words, for the report's header."""
+    spec = engine.target.spec
+    head = ("greedy calls read an 8-bit LM head whose argmax is bounded to the fp32 head's (--greedy-head)"
+            if engine.target.greedy_head is not None else f"{spec.kv_dtype} LM head")
+    pad = f", attention over {1 + spec.attention_pad_rows}+ query rows (--exact-steps)" if spec.attention_pad_rows else ""
+    return head + pad + (f", calls padded to {spec.min_rows} rows" if spec.min_rows > 1 else "")
+
+
 def _machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -170,6 +179,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         "artifact": str(artifact),
         "target": engine.manifest.target.source.split("/")[-1],
         "draft": engine.manifest.draft.source.split("/")[-1] if engine.manifest.draft else "none (n-gram drafting)",
+        "target_graph": _target_graph(engine),
         # A version names the shipped set only; any other file is known by its name and hash.
         "prompt_set_version": PROMPT_SET_VERSION if prompt_path == PROMPTS_FILE else None,
         "prompt_set_file": prompt_path.name,
