@@ -17,6 +17,7 @@ a 2-core machine (24 against 45 tok/s).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -170,7 +171,8 @@ class GenaiWorker:
     prefills read ~40% slower than with no other process, specdec's did not (docs/FAIR_ANCHORS.md).
     """
 
-    def __init__(self, python: Path, model_dir: Path, options: dict):
+    def __init__(self, python: Path, model_dir: Path, options: dict, env: dict[str, str] | None = None):
+        """Start the worker; `env` adds environment variables to its process (onnxruntime reads some)."""
         from specdec.models.errors import SpecdecError
 
         if model_dir is None or not Path(model_dir, "genai_config.json").is_file():
@@ -180,7 +182,8 @@ class GenaiWorker:
         self._model = configured_model(Path(model_dir), options, Path(self._scratch.name))
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._process = subprocess.Popen([str(python), __file__, "worker"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+                                         stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+                                         env={**os.environ, **env} if env else None)
 
     def run(self, prompt_ids: dict[str, list[int]], max_new_tokens: int, repeats: int = 1,
             prefill_samples: int = 0) -> list:

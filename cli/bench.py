@@ -27,7 +27,9 @@ def _target_graph(engine) -> str:
     head = ("greedy calls read an 8-bit LM head whose argmax is bounded to the fp32 head's (--greedy-head)"
             if engine.target.greedy_head is not None else f"{spec.kv_dtype} LM head")
     pad = f", attention over {1 + spec.attention_pad_rows}+ query rows (--exact-steps)" if spec.attention_pad_rows else ""
-    return head + pad + (f", calls padded to {spec.min_rows} rows" if spec.min_rows > 1 else "")
+    long_calls = (f", calls over {engine.target.long_call_rows} tokens (prefills) take onnxruntime's causal "
+                  "attention kernel, shorter ones its flash kernel" if spec.long_call_name else "")
+    return head + pad + (f", calls padded to {spec.min_rows} rows" if spec.min_rows > 1 else "") + long_calls
 
 
 def _machine() -> str:

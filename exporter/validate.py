@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from specdec.models.manifest import GraphSpec
-from specdec.runtime.session import ModelSession
+from specdec.runtime.session import LONG_CALL_ROWS, ModelSession
 
 VALIDATION_PROMPTS = (
     "The capital of France is",
@@ -37,6 +37,8 @@ class ValidationReport:
     atol: float
     min_agreement: float  # 1.0: every token outside near-ties must agree
     passed: bool
+    # the whole prompt through the long-call attention kernel (a graph with long_call_name), in the prefill bound
+    max_logit_diff_long_call: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the report as a JSON-ready dict."""
@@ -56,6 +58,7 @@ def validate_graph(artifact_dir: Path, spec: GraphSpec, torch_model: Any, tokeni
 
     session = ModelSession(artifact_dir, spec, provider="cpu")
     prefill_diff = step_diff = 0.0
+    long_diff: float | None = None
     agree = total = outside_ties = 0
     for prompt in VALIDATION_PROMPTS:
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"][:32] or [0]
@@ -68,6 +71,12 @@ def validate_graph(artifact_dir: Path, spec: GraphSpec, torch_model: Any, tokeni
         # The runtime's prefill asks for the last row only, which takes the graph's trimmed path.
         last_row = session.forward(session.new_cache(), ids, logits_rows=1)[-1]
         prefill_diff = max(prefill_diff, float(np.abs(last_row - torch_logits[-1, :vocab]).max()))
+        if spec.long_call_name:
+            session.long_call_rows = 0  # the validation prompts are short: make their prefill take that kernel
+            long_rows = session.forward(session.new_cache(), ids)
+            session.long_call_rows = LONG_CALL_ROWS
+            long_diff = max(long_diff or 0.0, float(np.abs(long_rows - torch_logits[:, :vocab]).max()))
+            prefill_diff = max(prefill_diff, long_diff)
         tokens = list(ids)
         for step in range(continuation):
             if len(tokens) >= spec.max_positions:
@@ -101,6 +110,7 @@ def validate_graph(artifact_dir: Path, spec: GraphSpec, torch_model: Any, tokeni
         atol=atol,
         min_agreement=min_agreement,
         passed=passed,
+        max_logit_diff_long_call=long_diff,
     )
 
 

@@ -35,8 +35,9 @@ MANIFEST_FORMAT = "specdec-artifact"
 # v6 added GraphSpec.attention_pad_rows: the graph writes one position past each call, which an
 # older runtime would not reserve in the KV buffer.
 # v7 added GraphSpec.greedy_head: its graph has an input (lm_head_row_start) an older runtime would not bind.
-MANIFEST_VERSION = 7
-SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+# v8 added GraphSpec.long_call_name: a required input (which attention kernel a call takes).
+MANIFEST_VERSION = 8
+SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 KV_BUFFERS = ("concat", "shared")
 FLOAT_DTYPES = ("fp32", "fp16")  # what `specdec export --dtype` may ask for
 WEIGHT_DTYPES = ("fp32", "fp16", "int8", "int4")  # GraphSpec.weights_dtype; `--weights`
@@ -104,6 +105,10 @@ class GraphSpec:
     # head, a huge value skips it), approx_name (the 8-bit logits), input_name (the rows both heads
     # read); None: no such head.
     greedy_head: dict[str, Any] | None = None
+    # bool [1] input choosing each attention's kernel (exporter/long_call_attention.py): true takes
+    # onnxruntime's causal-softmax kernel, faster for a prefill; the runtime sets it for calls longer
+    # than any verify call. None: the graph has one kernel.
+    long_call_name: str | None = None
 
     @property
     def kv_capacity_limit(self) -> int:
@@ -283,6 +288,7 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         attention_pad_rows=(0 if data.get("attention_pad_rows") is None
                             else _get(data, "attention_pad_rows", (int,), where)),
         greedy_head=_get(data, "greedy_head", (dict,), where, True),
+        long_call_name=s("long_call_name", True),
     )
     if not spec.files:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")

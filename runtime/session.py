@@ -28,6 +28,13 @@ def check_kv_buffer_device(spec: GraphSpec, device: str) -> None:
             "--dtype fp16, or with --no-shared-kv")
 
 
+# Calls longer than this take a graph's long-call attention kernel (exporter/long_call_attention.py):
+# above any verify call (MAX_DRAFT_TOKENS + 1 rows), so steps and verify calls keep one kernel and
+# only prefills switch; and where the causal kernel measured faster (SmolLM2 prefills, 2 cores:
+# 0.90-0.91x at 256-384 tokens, level at 16-64; docs/FAIR_ANCHORS.md).
+LONG_CALL_ROWS = max(MAX_DRAFT_TOKENS + 1, 64)
+_LONG_CALL = (np.array([False]), np.array([True]))
+
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
 
 
@@ -103,6 +110,7 @@ class ModelSession:
             slice_session, _ = create_session(str(folder / spec.kv_slice_file), self.device, threads=1)
             self.slicer = KVSlicer(slice_session, self.device, 2 * spec.num_layers)
         self.vocab_limit = min(spec.vocab_size, vocab_limit or spec.vocab_size)
+        self.long_call_rows = LONG_CALL_ROWS  # calls above it take the long-call kernel, where the graph has one
         self._past_names = [name for pair in spec.past_names for name in pair]
         self._present_names = [name for pair in spec.present_names for name in pair]
         self._kv_dtype = np.dtype(spec.kv_dtype)
@@ -242,6 +250,8 @@ class ModelSession:
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
             cache.inputs.bind(binding, spec.seqlens_name, np.array([past + n_fed - 1], dtype=np.int32))
             binding.bind_cpu_input(spec.total_length_name, np.array(past + n_fed, dtype=np.int32))
+        if spec.long_call_name:
+            binding.bind_cpu_input(spec.long_call_name, _LONG_CALL[n_fed > self.long_call_rows])
         if head:
             logits_value = call.output_allocated(spec.logits_name, self.device)  # 0 rows
             head_value = self._output(call, spec.greedy_head["input_name"], out_rows, "cpu")

@@ -28,6 +28,9 @@ def test_exact_steps_export_records_the_pad_and_a_zero_drift(exact_artifact, tin
     target = manifest.target
     assert target.attention_pad_rows == ATTENTION_PAD_ROWS == 1 and target.min_rows == 1
     assert target.optimization["attention_pad"] == {"layers": target.num_layers, "rows": 1}
+    # a token scores alike in calls of every length: no second attention kernel for long calls
+    assert target.long_call_name is None and "long_call_attention" not in target.optimization
+    assert plain.target.long_call_name  # the same export without --exact-steps has one
     # the throwaway row is written one position past the call: the model's last position is its
     assert target.max_positions == plain.target.max_positions - 1
     assert target.kv_capacity_limit == plain.target.max_positions

@@ -161,6 +161,8 @@ def test_the_last_layer_after_attention_runs_on_the_kept_rows_only(tiny_artifact
              spec.seqlens_name: np.array([n - 1], np.int32), spec.total_length_name: np.array(n, np.int32)}
     if spec.position_ids_name:
         feeds[spec.position_ids_name] = np.arange(n, dtype=np.int64)[None, :]
+    if spec.long_call_name:
+        feeds[spec.long_call_name] = np.array([False])
     for pair in spec.past_names:
         for name in pair:
             feeds[name] = np.zeros((1, spec.num_kv_heads, capacity, spec.head_dim), np.float32)

@@ -35,7 +35,11 @@ def test_manifest_records_the_optimization(tiny_artifacts, plain_llama):
     assert load_manifest(tiny_artifacts["gpt2"]).target.kv_buffer == "concat"
     assert load_manifest(plain_llama).target.kv_buffer == "concat"
     assert optimized["sha256_before"] != optimized["sha256_after"]
-    assert load_manifest(tiny_artifacts["llama"]).target.sha256["target/model.onnx"] == optimized["sha256_after"]
+    # the last rewrite of the file, after the optimization stage: attention kernels chosen per call
+    long_call = optimized["long_call_attention"]
+    assert long_call == {"layers": 2, "input": "long_call", "sha256_after": long_call["sha256_after"]}
+    assert target.long_call_name == "long_call"
+    assert target.sha256["target/model.onnx"] == long_call["sha256_after"] != optimized["sha256_after"]
     gpt2 = load_manifest(tiny_artifacts["gpt2"]).target.optimization
     # gpt2 keeps its layers (no fusion measured to help it); only the lm_head's rows are cut
     assert len(gpt2["applied"]) == 1 and "trailing rows" in gpt2["applied"][0]
