@@ -73,7 +73,8 @@ def fix_tokenizer(model_dir: str) -> None:
 
 def worker() -> None:
     """In the genai venv: per line of stdin, a job (runs: {model, prompts: {id: ids}, max_new_tokens, ...}; or
-    kind "steps": {model, tokens, past_lengths, new_tokens, repeats}); per job, one line of JSON. The model
+    kind "steps": {model, tokens, past_lengths, new_tokens, repeats}; or kind "prefill": {model, ids, count});
+    per job, one line of JSON. The model
     is loaded once: one worker serves one model for as many jobs as it is sent."""
     import onnxruntime_genai as og
 
@@ -86,7 +87,7 @@ def worker() -> None:
             model, loaded = og.Model(job["model"]), job["model"]
         elif job["model"] != loaded:
             raise SystemExit(f"this worker serves {loaded}, not {job['model']}")
-        work = _genai_steps if job.get("kind") == "steps" else _genai_runs
+        work = {"steps": _genai_steps, "prefill": _genai_prefills}.get(job.get("kind"), _genai_runs)
         print(json.dumps(work(og, model, job)), flush=True)
 
 
@@ -137,6 +138,22 @@ def _genai_runs(og, model, job: dict) -> list[dict]:
                              "decode_seconds": end - decode_start,
                              "prefill_samples": samples if speculative is None else []})
     return runs
+
+
+def _genai_prefills(og, model, job: dict) -> list[float]:
+    """Return the seconds of `count` prefills of `ids` (append_tokens on a new generator, as a greedy run's)."""
+    import time
+
+    seconds = []
+    for _ in range(job.get("count", 1)):
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=len(job["ids"]) + 1)
+        generator = og.Generator(model, params)
+        start = time.perf_counter()
+        generator.append_tokens(job["ids"])
+        seconds.append(time.perf_counter() - start)
+        del generator
+    return seconds
 
 
 def _genai_steps(og, model, job: dict) -> list[dict]:
@@ -211,6 +228,10 @@ class GenaiWorker:
             said = self._stderr.read().strip().splitlines()[-1:]
             raise SpecdecError(f"onnxruntime-genai anchor failed: {said}")
         return line
+
+    def prefills(self, ids: list[int], count: int = 1) -> list[float]:
+        """Return the seconds of `count` genai prefills of `ids`, one after the other."""
+        return json.loads(self._ask({"kind": "prefill", "model": str(self._model), "ids": ids, "count": count}))
 
     def steps(self, tokens: list[int], past_lengths, new_tokens, repeats: int) -> dict[tuple[str, int, int], float]:
         """Return {(GENAI_SYSTEM, past, n): median seconds of a call over n new tokens after `past`}."""

@@ -19,6 +19,28 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
 from specdec.runtime.config import MAX_DRAFT_TOKENS, PROVIDER_CHOICES
 
 GENAI_PREFILL_SAMPLES = 3  # extra prefills per genai worker run: TTFT is a median, as specdec's (3 runs per repeat)
+PAIRED_PREFILL_ROUNDS = 8  # per prompt: one specdec and one genai prefill back to back (order alternating)
+
+
+def _paired_prefills(engine, genai, prompt_ids: dict[str, list[int]], rounds: int, progress) -> dict[str, list]:
+    """Return {prompt id: [(specdec seconds, genai seconds)]}: the two prefills of a round run back to back,
+    so a burst of other load falls on both; the first to run alternates by round."""
+    from specdec.runtime.engine import GenerationConfig
+
+    pairs: dict[str, list] = {}
+    for prompt_id, ids in prompt_ids.items():
+        progress(f"time to first token, {rounds} paired rounds: {prompt_id}")
+        genai.prefills(ids)  # a first prefill of these ids warms genai up, as a greedy run of them did
+        for round_index in range(rounds):
+            timed = {}
+            for side in (("specdec", "genai") if round_index % 2 == 0 else ("genai", "specdec")):
+                if side == "genai":
+                    timed[side] = genai.prefills(ids)[0]
+                else:
+                    result = engine.generate(ids, GenerationConfig(max_new_tokens=1, drafter="none"))
+                    timed[side] = result.stats.prefill_seconds
+            pairs.setdefault(prompt_id, []).append((timed["specdec"], timed["genai"]))
+    return pairs
 
 
 def _target_graph(engine) -> str:
@@ -136,6 +158,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
                     progress(f"onnxruntime-genai: repeat {repeat + 1}, {case.id}")
                     anchor_runs += genai.run({case.id: prompt_ids[case.id]}, max_new_tokens,
                                              prefill_samples=GENAI_PREFILL_SAMPLES)
+        paired = _paired_prefills(engine, genai, prompt_ids, PAIRED_PREFILL_ROUNDS, progress) if genai else {}
     ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
     # What a call over n tokens costs, from the speculative runs' own target calls (1-token
     # calls where nothing matched, up to K+1 where something did; auto's reach further), each
@@ -157,7 +180,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         anchor_runs, {pid: len(ids) for pid, ids in prompt_ids.items()},
         # Model drafts prefill their own model too; target-only and n-gram runs make the same target call.
         {case.id: [r.stats.prefill_seconds for r in runs if r.prompt.id == case.id and r.config.drafter in ("none", "ngram")]
-         for case in prompts})
+         for case in prompts}, paired)
     eos = sorted(engine.eos_token_ids)
     if anchors:  # PyTorch is slow here: one repeat
         anchor_runs += _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress)

@@ -52,8 +52,9 @@ def goals_section(groups: Sequence[dict], rows: Sequence[dict], anchors: Sequenc
     for r in head_to_head:
         if r["prompt_tokens"] >= TTFT_GOAL_MIN_PROMPT:
             add(f"time to first token <= {TTFT_GOAL}x onnxruntime-genai's (prompts of {TTFT_GOAL_MIN_PROMPT}+ "
-                "tokens)", f"{r['prompt']} ({r['prompt_tokens']} tokens)", _ceil_ratio(r["ttft_ratio"]),
-                r["ttft_ratio"] <= TTFT_GOAL)
+                "tokens)" + (", paired rounds" if "paired_ttft_ratio" in r else ""),
+                f"{r['prompt']} ({r['prompt_tokens']} tokens)", _ceil_ratio(r.get("paired_ttft_ratio", r["ttft_ratio"])),
+                r.get("paired_ttft_ratio", r["ttft_ratio"]) <= TTFT_GOAL)
     for a in anchors:
         if a["system"] == "transformers prompt-lookup":
             add("specdec n-gram >= 2x transformers prompt lookup", a["group"], _goal_ratio(a["ratio"]), a["ratio"] >= 2.0)

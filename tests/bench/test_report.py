@@ -56,6 +56,23 @@ def test_target_vs_genai_pairs_medians_per_prompt():
     assert geometric_mean([2.0, 0.5]) == pytest.approx(1.0)
 
 
+def test_paired_prefill_rounds_give_the_median_of_their_ratios_and_the_goal_reads_it():
+    genai = [AnchorRun("onnxruntime-genai greedy", "p", [1] * 11, 2.0, 10, prefill_seconds=0.4, decode_seconds=1.0)]
+    # rounds where a burst slowed both sides: the per-round ratio is steady where the medians apart are not
+    rounds = [(0.3, 0.4), (0.6, 0.8), (0.35, 0.4), (0.9, 1.0)]
+    rows = target_vs_genai_rows({"p": [(12.0, 0.5)]}, genai, {"p": 300}, None, {"p": rounds})
+    row = rows[0]
+    assert row["ttft_ratio"] == pytest.approx(0.5 / 0.4)
+    assert row["paired_ttft_ratio"] == pytest.approx((0.75 + 0.875) / 2) and row["paired_rounds"] == 4
+    assert row["paired_ttft_range"] == pytest.approx((0.75, 0.9))
+    text = "\n".join(target_vs_genai_section(rows))
+    assert "| 1.25x | 0.81x (0.75-0.90) |" in text and "4 rounds per prompt" in text
+    goals = "\n".join(goals_section([], [], [], head_to_head=rows))
+    assert "(prompts of 200+ tokens), paired rounds | p (300 tokens) | 0.82x | no |" in goals
+    row["paired_ttft_ratio"] = 0.8
+    assert "| p (300 tokens) | 0.80x | yes |" in "\n".join(goals_section([], [], [], head_to_head=rows))
+
+
 def test_genai_runs_on_a_copy_with_specdecs_session_options(tmp_path):
     builder = tmp_path / "builder"
     builder.mkdir()
@@ -90,6 +107,10 @@ def test_one_genai_worker_serves_every_job_of_a_run(tmp_path):
                     "        print(json.dumps([{'past': p, 'n': n, 'seconds': p + n} for p in job['past_lengths']\n"
                     "                          for n in job['new_tokens']]), flush=True)\n"
                     "        continue\n"
+                    "    if job.get('kind') == 'prefill':\n"
+                    "        print(json.dumps([float(os.environ.get('FAKE_PREFILL', len(job['ids'])))] * job['count']),\n"
+                    "              flush=True)\n"
+                    "        continue\n"
                     "    if job['prompts'] == {'bad': []}: sys.exit('genai says no')\n"
                     "    (pid, ids), = job['prompts'].items()\n"
                     "    print(json.dumps([{'system': str(os.getpid()), 'prompt_id': pid, 'token_ids': ids,\n"
@@ -103,8 +124,12 @@ def test_one_genai_worker_serves_every_job_of_a_run(tmp_path):
         assert second[0].token_ids == [3] and second[0].system == first[0].system  # the same process
         assert worker.steps([1] * 20, [4, 8], [1, 5], 3) == {("onnxruntime-genai", p, n): p + n
                                                              for p in (4, 8) for n in (1, 5)}
+        assert worker.prefills([1, 2, 3]) == [3.0] and worker.prefills([1], count=2) == [1.0, 1.0]
         with pytest.raises(SpecdecError, match="genai says no"):
             worker.run({"bad": []}, 8)
+    # environment variables reach the worker's process (onnxruntime reads some of its switches there)
+    with GenaiWorker(fake, builder, session_options(2), env={"FAKE_PREFILL": "0.25"}) as worker:
+        assert worker.prefills([1, 2, 3]) == [0.25]
 
 
 def test_prompt_set_name():
