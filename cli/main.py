@@ -157,6 +157,12 @@ def inspect(artifact, as_json, no_verify) -> None:
                        + (f" ({check['candidates_median']:.0f} tokens recomputed in fp32 at the median, "
                           f"{check['candidates_max']} at most, over {check['positions']} validation positions)"
                           if check else ""))
+        if graph.long_call_name:
+            from specdec.runtime.session import LONG_CALL_ROWS
+
+            click.echo(f"         attention: calls over {LONG_CALL_ROWS} tokens (prefills) take onnxruntime's causal "
+                       "kernel, shorter ones its flash kernel" + (f" (validated: {report['max_logit_diff_long_call']:.2e})"
+                                                                 if report.get("max_logit_diff_long_call") is not None else ""))
         if graph.attention_pad_rows:
             click.echo("         steps vs verify calls: bit-identical (attention over 2+ query rows)")
         elif "step_vs_call_max_diff" in report:

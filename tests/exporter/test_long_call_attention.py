@@ -103,7 +103,13 @@ def test_speculative_greedy_equals_target_only_after_a_long_prefill(tiny_close_a
 
 
 def test_the_export_validates_the_long_call_kernel_against_pytorch(tiny_target):
+    from click.testing import CliRunner
+
+    from specdec.cli.main import main
+
     artifact, _ = tiny_target
     validation = load_manifest(artifact).validation["target"]
     assert validation["max_logit_diff_long_call"] is not None
     assert validation["max_logit_diff_long_call"] <= validation["max_logit_diff_prefill"] <= validation["atol"]
+    shown = CliRunner().invoke(main, ["inspect", str(artifact)]).output
+    assert f"calls over {LONG_CALL_ROWS} tokens (prefills) take onnxruntime's causal kernel" in shown
