@@ -22,6 +22,15 @@ def _prompt(length: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(5, 250, length).tolist()
 
 
+def _held_sessions(artifact, spec) -> dict[str, ModelSession]:
+    """Return {"short": a session whose calls all keep the flash kernel, "long": one whose calls all take the other}."""
+    held = {}
+    for name, rows in (("short", NEVER), ("long", ALWAYS)):
+        held[name] = ModelSession(artifact, spec, provider="cpu")
+        held[name].long_call_rows = rows
+    return held
+
+
 def test_every_attention_is_wrapped_with_a_minus_inf_sink_on_its_long_branch(tiny_target):
     artifact, spec = tiny_target
     graph = onnx.load(str(artifact / spec.graph_file)).graph
@@ -55,10 +64,7 @@ def test_the_rewrite_applies_once_and_leaves_graphs_without_the_op(tiny_target, 
 
 def test_both_kernels_score_a_long_prompt_alike_and_write_the_same_cache(tiny_target):
     artifact, spec = tiny_target
-    sessions = {}
-    for name, rows in (("short", NEVER), ("long", ALWAYS)):
-        sessions[name] = ModelSession(artifact, spec, provider="cpu")
-        sessions[name].long_call_rows = rows
+    sessions = _held_sessions(artifact, spec)
     prompt = _prompt(LONG_CALL_ROWS + 40)
     caches = {name: s.new_cache() for name, s in sessions.items()}
     logits = {name: s.forward(caches[name], prompt) for name, s in sessions.items()}
@@ -78,10 +84,7 @@ def test_both_kernels_score_a_long_prompt_alike_and_write_the_same_cache(tiny_ta
 def test_the_runtime_picks_the_kernel_by_call_length(tiny_target):
     """A default session's calls equal, to the bit, a session held on the kernel their length selects."""
     artifact, spec = tiny_target
-    held = {}
-    for name, rows in (("short", NEVER), ("long", ALWAYS)):
-        held[name] = ModelSession(artifact, spec, provider="cpu")
-        held[name].long_call_rows = rows
+    held = _held_sessions(artifact, spec)
     default = ModelSession(artifact, spec, provider="cpu")
     assert default.long_call_rows == LONG_CALL_ROWS > 33  # above any verify call (K <= 32, plus the bonus row)
     for length, kernel in ((LONG_CALL_ROWS, "short"), (LONG_CALL_ROWS + 1, "long"), (200, "long")):
