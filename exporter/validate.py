@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from specdec.models.manifest import GraphSpec
-from specdec.runtime.session import LONG_CALL_ROWS, ModelSession
+from specdec.runtime.session import ModelSession
 
 VALIDATION_PROMPTS = (
     "The capital of France is",
@@ -72,9 +72,10 @@ def validate_graph(artifact_dir: Path, spec: GraphSpec, torch_model: Any, tokeni
         last_row = session.forward(session.new_cache(), ids, logits_rows=1)[-1]
         prefill_diff = max(prefill_diff, float(np.abs(last_row - torch_logits[-1, :vocab]).max()))
         if spec.long_call_name:
-            session.long_call_rows = 0  # the validation prompts are short: make their prefill take that kernel
+            # the validation prompts are short: make their prefill take that kernel, then put the session back
+            usual_rows, session.long_call_rows = session.long_call_rows, 0
             long_rows = session.forward(session.new_cache(), ids)
-            session.long_call_rows = LONG_CALL_ROWS
+            session.long_call_rows = usual_rows
             long_diff = max(long_diff or 0.0, float(np.abs(long_rows - torch_logits[:, :vocab]).max()))
             prefill_diff = max(prefill_diff, long_diff)
         tokens = list(ids)
