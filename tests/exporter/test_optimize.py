@@ -72,3 +72,21 @@ def test_no_shared_kv_keeps_a_concat_cache_with_regrouped_attention(tiny_sources
     a, b = concat.generate("one, two, three, one, two,", config), shared.generate("one, two, three, one, two,", config)
     if not near_tie_mismatches(concat, a.prompt_ids, a.token_ids, b.token_ids):
         assert a.token_ids == b.token_ids
+
+
+def test_fusions_the_family_turns_off_change_no_node(tiny_sources, plain_llama):
+    # The flags only skip passes that find nothing in a llama graph; if one ever found something, this fails.
+    import dataclasses
+    import json
+
+    from specdec.exporter.optimize import _ort_fusions
+    from specdec.models.architectures import architecture_for
+
+    llama = architecture_for("llama")
+    assert llama.ort_fusions_off
+    config = json.loads((tiny_sources["llama"][0] / "config.json").read_text())
+    graph = plain_llama / "target" / "model.onnx"  # the optimum graph, as the optimization stage receives it
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    trimmed, _ = _ort_fusions(graph, llama, heads, hidden)
+    every, _ = _ort_fusions(graph, dataclasses.replace(llama, ort_fusions_off=()), heads, hidden)
+    assert trimmed.SerializeToString() == every.SerializeToString()

@@ -17,19 +17,14 @@ CACHED_ENV = "SPECDEC_SMOLLM2_INT4_TEST_ARTIFACT"  # an `export --weights int4 -
 
 
 @pytest.fixture(scope="module")
-def int4_engine(tmp_path_factory):
-    from specdec.exporter.bundled import smollm2_gguf_path
+def int4_engine(tmp_path_factory, request):
     from specdec.exporter.pipeline import ExportConfig, run_export
-    from specdec.models.errors import ExportError
 
-    try:
-        gguf = smollm2_gguf_path()
-    except ExportError as err:
-        pytest.skip(str(err))
     cached = os.environ.get(CACHED_ENV)
     folder = Path(cached) if cached else tmp_path_factory.mktemp("smollm2-int4") / "art"
     if not (folder / "specdec.json").is_file():
-        run_export(ExportConfig(target=str(gguf), draft=None, output=folder, weights="int4"), progress=lambda m: None)
+        source = request.getfixturevalue("smollm2_folder")  # only when exporting: it dequantizes the GGUF
+        run_export(ExportConfig(target=str(source), draft=None, output=folder, weights="int4"), progress=lambda m: None)
     spec = load_manifest(folder).target
     assert spec.optimization["quantization"]["accuracy_level"] == 4
     report = load_manifest(folder).validation["target"]
