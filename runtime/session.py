@@ -189,7 +189,8 @@ class ModelSession:
         that only pad an embedding matrix can never be produced. With `hidden` (a graph with
         `hidden_name`, see `specdec distill`) returns (logits, hidden states [len(token_ids),
         hidden] float32): every new position's LM-head input, for a drafter that reads the
-        target's features. With `greedy` and a `greedy_head` (CPU), the rows hold only what
+        target's features (every row runs through the last layer then; a graph with a greedy head
+        still runs its LM head on the `logits_rows` only). With `greedy` and a `greedy_head` (CPU), the rows hold only what
         greedy decoding reads: the fp32 logit of every token that may be its row's argmax, -inf
         elsewhere (runtime/greedy_head.py).
         """
@@ -241,11 +242,15 @@ class ModelSession:
             # min_rows also holds for the rows kept, since they go through the last layer's MatMuls.
             out_rows = n_fed if hidden else min(max(rows + pad, spec.min_rows), n_fed)
             binding.bind_cpu_input(spec.logits_rows_name, np.array([out_rows], dtype=np.int64))
+        head_start = 0  # the first kept row the LM head reads
         if spec.greedy_head:
+            if hidden:  # the hidden output keeps every row through the last layer; the head needs the trailing ones
+                head_start = out_rows - pad - rows
             # Each LM head reads the kept rows from its index on: one of the two runs.
-            binding.bind_cpu_input(spec.greedy_head["row_start_name"], np.array([_NO_ROWS if head else 0], np.int64))
+            binding.bind_cpu_input(spec.greedy_head["row_start_name"],
+                                   np.array([_NO_ROWS if head else head_start], np.int64))
             binding.bind_cpu_input(spec.greedy_head["approx_row_start_name"],
-                                   np.array([0 if head else _NO_ROWS], np.int64))
+                                   np.array([head_start if head else _NO_ROWS], np.int64))
         if self.shared_kv:
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
             cache.inputs.bind(binding, spec.seqlens_name, np.array([past + n_fed - 1], dtype=np.int32))
@@ -255,24 +260,25 @@ class ModelSession:
         if head:
             logits_value = call.output_allocated(spec.logits_name, self.device)  # 0 rows
             head_value = self._output(call, spec.greedy_head["input_name"], out_rows, "cpu")
-            approx_value = self._output(call, spec.greedy_head["approx_name"], out_rows, "cpu")
+            approx_value = self._output(call, spec.greedy_head["approx_name"], out_rows - head_start, "cpu")
         else:
-            logits_value = self._output(call, spec.logits_name, out_rows, self.device)
+            logits_value = self._output(call, spec.logits_name, out_rows - head_start, self.device)
         hidden_value = self._output(call, spec.hidden_name, n_fed, "cpu") if hidden else None
         start = time.perf_counter()
         self.session.run_with_iobinding(binding)
         cache.run_seconds += time.perf_counter() - start
         cache.run_calls += 1
         # Copies: the output buffers are written again by the next call of this cache.
+        kept = slice(out_rows - pad - rows, out_rows - pad)
+        kept_by_head = slice(kept.start - head_start, kept.stop - head_start)
         if head:
-            kept = slice(out_rows - pad - rows, out_rows - pad)
             self.last_greedy_rows = (np.array(self._fetched(call, spec.greedy_head["input_name"], head_value)[0, kept]),
                                      np.array(self._fetched(call, spec.greedy_head["approx_name"], approx_value)
-                                              [0, kept, : self.vocab_limit]))
+                                              [0, kept_by_head, : self.vocab_limit]))
             logits = head.logits(*self.last_greedy_rows)
         else:
             logits = np.array(self._fetched(call, spec.logits_name, logits_value)
-                              [0, out_rows - pad - rows: out_rows - pad, : self.vocab_limit])
+                              [0, kept_by_head, : self.vocab_limit])
         states = (np.array(self._fetched(call, spec.hidden_name, hidden_value)[0, :n_new], dtype=np.float32)
                   if hidden else None)
         if self.shared_kv:

@@ -164,3 +164,29 @@ def test_manifest_refuses_an_incomplete_head_record(greedy_artifact):
     del data["target"]["greedy_head"]["norms"]
     with pytest.raises(ManifestError, match="greedy_head"):
         manifest_from_dict(data)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_hidden_prefill_runs_the_lm_head_on_the_kept_rows_only(greedy_artifact, tmp_path, greedy):
+    # An eagle prefill needs every row's feature but one row's logits: the head reads from the last row on.
+    import dataclasses
+    import shutil
+
+    from specdec.exporter.distill.hidden_tap import HIDDEN_OUTPUT, add_hidden_output
+
+    folder = tmp_path / "art"
+    shutil.copytree(greedy_artifact, folder)
+    spec = load_manifest(folder).target
+    add_hidden_output(folder / spec.graph_file, folder / "target" / "tapped.onnx", spec.logits_name)
+    spec = dataclasses.replace(spec, files=["target/tapped.onnx"] + spec.files[1:], hidden_name=HIDDEN_OUTPUT)
+    session = ModelSession(folder, spec, "cpu", threads=1)
+    ids = list(range(5, 29))
+    every, every_hidden = session.forward(session.new_cache(), ids, hidden=True, greedy=greedy)
+    cache = session.new_cache()
+    last, hidden = session.forward(cache, ids, logits_rows=1, hidden=True, greedy=greedy)
+    np.testing.assert_array_equal(last, every[-1:])
+    np.testing.assert_array_equal(hidden, every_hidden)
+    assert hidden.shape[0] == len(ids)
+    call = cache.bindings[(True, greedy)]
+    head_output = spec.greedy_head["approx_name"] if greedy else spec.logits_name
+    assert call.io.get_outputs()[call._order(head_output)].shape()[1] == 1  # one row computed, not 24
