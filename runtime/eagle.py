@@ -60,7 +60,9 @@ class EagleHead:
 
     def run(self, hidden: np.ndarray, token_ids: list[int], start: int, past_key: np.ndarray,
             past_value: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Return (subset logits [n, subset], features [n, hidden], present key, present value) for n pairs.
+        """Return (subset logits [1, subset], features [n, hidden], present key, present value) for n pairs.
+
+        The logits are the last pair's (heads exported before that gave [n, subset]: the last row is the same).
 
         hidden [n, hidden]: the features of positions start..start+n-1; token_ids [n]: the tokens after them.
         """

@@ -149,7 +149,11 @@ class DraftHead(nn.Module):
         """Return the width of the `hidden` input: the last feature, then the extra layers' normed inputs."""
         return self.config.hidden_size * (1 + len(self.config.extra_layers))
 
-    def forward(self, hidden, input_ids, position_ids, past_key, past_value):
+    def forward(self, hidden, input_ids, position_ids, past_key, past_value, last_logits_only: bool = False):
+        """Return (logits over the subset, features, present key, present value) for the pairs fed.
+
+        last_logits_only: logits for the last pair only (what a draft call reads); training scores every pair.
+        """
         c = self.config
         batch, new = input_ids.shape
         if self.fuse is not None:
@@ -180,7 +184,19 @@ class DraftHead(nn.Module):
         h = self.post_norm(x)
         x = x + self.down_proj(nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
         feature = self.final_norm(x)
-        return self.lm_head(feature), feature, key, value
+        return self.lm_head(feature[:, -1:] if last_logits_only else feature), feature, key, value
+
+
+class _DraftCall(nn.Module):
+    """The head as the runtime calls it: a call that catches up on n committed pairs needs one row of logits,
+    and the LM head over 8,192 ids is most of the head's arithmetic."""
+
+    def __init__(self, head: DraftHead):
+        super().__init__()
+        self.head = head
+
+    def forward(self, hidden, input_ids, position_ids, past_key, past_value):
+        return self.head(hidden, input_ids, position_ids, past_key, past_value, last_logits_only=True)
 
 
 INPUT_NAMES = ["hidden", "input_ids", "position_ids", "past_key", "past_value"]
@@ -188,15 +204,18 @@ OUTPUT_NAMES = ["logits", "feature", "present_key", "present_value"]
 
 
 def export_draft_onnx(model: DraftHead, path, opset: int = 17) -> None:
-    """Write the draft head as an ONNX graph (inputs INPUT_NAMES, outputs OUTPUT_NAMES) at `path`."""
+    """Write the draft head as an ONNX graph (inputs INPUT_NAMES, outputs OUTPUT_NAMES) at `path`.
+
+    Its logits are the last pair's only ([1, 1, subset]); features and the present cache cover every pair.
+    """
     c = model.config
     model = model.eval().to("cpu")
     example = (torch.zeros(1, 2, model.feature_width), torch.zeros(1, 2, dtype=torch.long),
                torch.tensor([[3, 4]]), torch.zeros(1, c.num_kv_heads, 3, c.head_dim),
                torch.zeros(1, c.num_kv_heads, 3, c.head_dim))
     axes = {"hidden": {1: "new"}, "input_ids": {1: "new"}, "position_ids": {1: "new"},
-            "past_key": {2: "past"}, "past_value": {2: "past"}, "logits": {1: "new"}, "feature": {1: "new"},
+            "past_key": {2: "past"}, "past_value": {2: "past"}, "feature": {1: "new"},
             "present_key": {2: "total"}, "present_value": {2: "total"}}
     with torch.no_grad():
-        torch.onnx.export(model, example, str(path), input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
+        torch.onnx.export(_DraftCall(model), example, str(path), input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
                           dynamic_axes=axes, opset_version=opset, dynamo=False)

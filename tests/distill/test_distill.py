@@ -390,3 +390,27 @@ def test_curve_plot_overlays_runs_and_refuses_an_artifact_without_a_head(distill
     result = CliRunner().invoke(main, [str(distilled_artifact), "--curve", str(png), "--compare",
                                        str(tiny_target_only_artifact)])
     assert result.exit_code != 0 and "has no trained draft head" in result.output
+
+
+def test_exported_head_gives_the_last_pairs_logits_and_every_pairs_features(tmp_path):
+    """A draft call catching up on n committed pairs reads one row of logits: the graph computes that row only,
+    equal to PyTorch's, while its features and present cache cover all n pairs."""
+    import onnxruntime as ort
+    import torch
+
+    from specdec.exporter.distill.draft_model import DraftConfig, DraftHead, export_draft_onnx
+
+    torch.manual_seed(0)
+    head = DraftHead(DraftConfig(16, 2, 1, 8, 32, 10000.0, 1e-6, 50, 40), torch.arange(40)).eval()
+    export_draft_onnx(head, tmp_path / "draft.onnx")
+    rng = np.random.default_rng(0)
+    hidden, ids = rng.standard_normal((1, 6, 16)).astype(np.float32), rng.integers(0, 50, (1, 6))
+    positions, past = np.arange(3, 9)[None], rng.standard_normal((1, 1, 3, 8)).astype(np.float32)
+    session = ort.InferenceSession(str(tmp_path / "draft.onnx"), providers=["CPUExecutionProvider"])
+    logits, features, key, _ = session.run(None, {"hidden": hidden, "input_ids": ids, "position_ids": positions,
+                                                  "past_key": past, "past_value": past})
+    with torch.no_grad():
+        every, torch_features, _, _ = head(*(torch.from_numpy(a) for a in (hidden, ids, positions, past, past)))
+    assert logits.shape == (1, 1, 40) and features.shape == (1, 6, 16) and key.shape == (1, 1, 9, 8)
+    np.testing.assert_allclose(logits[0, 0], every[0, -1].numpy(), atol=1e-5)
+    np.testing.assert_allclose(features, torch_features.numpy(), atol=1e-5)
