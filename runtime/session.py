@@ -236,16 +236,16 @@ class ModelSession:
         if spec.position_ids_name:
             positions = np.arange(past, past + n_fed, dtype=np.int64)[None, :]
             cache.inputs.bind(binding, spec.position_ids_name, positions)
+        # The rows the LM head needs; min_rows also holds for them, since they go through MatMuls.
+        head_rows = min(max(rows + pad, spec.min_rows), n_fed)
         out_rows = n_fed
         if spec.logits_rows_name:
-            # The hidden output covers the rows the graph keeps (its last layer may run on those only);
-            # min_rows also holds for the rows kept, since they go through the last layer's MatMuls.
-            out_rows = n_fed if hidden else min(max(rows + pad, spec.min_rows), n_fed)
+            # The hidden output covers the rows the graph keeps (its last layer may run on those only).
+            out_rows = n_fed if hidden else head_rows
             binding.bind_cpu_input(spec.logits_rows_name, np.array([out_rows], dtype=np.int64))
         head_start = 0  # the first kept row the LM head reads
         if spec.greedy_head:
-            if hidden:  # the hidden output keeps every row through the last layer; the head needs the trailing ones
-                head_start = out_rows - pad - rows
+            head_start = out_rows - head_rows  # > 0 where more rows are kept (a hidden call) than the head needs
             # Each LM head reads the kept rows from its index on: one of the two runs.
             binding.bind_cpu_input(spec.greedy_head["row_start_name"],
                                    np.array([_NO_ROWS if head else head_start], np.int64))
