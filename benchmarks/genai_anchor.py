@@ -111,13 +111,7 @@ def _genai_runs(og, model, job: dict) -> list[dict]:
     for repeat in range(job.get("repeats", 1)):
         for prompt_id, ids in job["prompts"].items():
             # One prefill is a noisy time to first token (+-30% here): time a few more, as the runs do theirs.
-            samples = []
-            for _ in range(job.get("prefill_samples", 0)):
-                generator = og.Generator(model, greedy_params(ids))
-                prefill_start = time.perf_counter()
-                generator.append_tokens(ids)
-                samples.append(time.perf_counter() - prefill_start)
-                del generator
+            samples = _prefill_seconds(og, model, ids, job.get("prefill_samples", 0), len(ids) + job["max_new_tokens"])
             for system, speculative in (modes if repeat % 2 == 0 else modes[::-1]):
                 params = greedy_params(ids)
                 if speculative:
@@ -141,16 +135,21 @@ def _genai_runs(og, model, job: dict) -> list[dict]:
 
 
 def _genai_prefills(og, model, job: dict) -> list[float]:
-    """Return the seconds of `count` prefills of `ids` (append_tokens on a new generator, as a greedy run's)."""
+    """Return the seconds of `count` prefills of `ids`, each on a new greedy generator for one more token."""
+    return _prefill_seconds(og, model, job["ids"], job.get("count", 1), len(job["ids"]) + 1)
+
+
+def _prefill_seconds(og, model, ids: list[int], count: int, max_length: int) -> list[float]:
+    """Return the seconds of `count` prefills of `ids` (append_tokens on a new greedy generator of `max_length`)."""
     import time
 
     seconds = []
-    for _ in range(job.get("count", 1)):
+    for _ in range(count):
         params = og.GeneratorParams(model)
-        params.set_search_options(do_sample=False, max_length=len(job["ids"]) + 1)
+        params.set_search_options(do_sample=False, max_length=max_length)
         generator = og.Generator(model, params)
         start = time.perf_counter()
-        generator.append_tokens(job["ids"])
+        generator.append_tokens(ids)
         seconds.append(time.perf_counter() - start)
         del generator
     return seconds
