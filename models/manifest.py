@@ -36,8 +36,9 @@ MANIFEST_FORMAT = "specdec-artifact"
 # older runtime would not reserve in the KV buffer.
 # v7 added GraphSpec.greedy_head: its graph has an input (lm_head_row_start) an older runtime would not bind.
 # v8 added GraphSpec.long_call_name: a required input (which attention kernel a call takes).
-MANIFEST_VERSION = 8
-SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+# v9 added GraphSpec.head_row_start_name: a tapped graph's LM head reads from that row on (required input).
+MANIFEST_VERSION = 9
+SUPPORTED_MANIFEST_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 KV_BUFFERS = ("concat", "shared")
 FLOAT_DTYPES = ("fp32", "fp16")  # what `specdec export --dtype` may ask for
 WEIGHT_DTYPES = ("fp32", "fp16", "int8", "int4")  # GraphSpec.weights_dtype; `--weights`
@@ -109,6 +110,10 @@ class GraphSpec:
     # onnxruntime's causal-softmax kernel, faster for a prefill; the runtime sets it for calls longer
     # than any verify call. None: the graph has one kernel.
     long_call_name: str | None = None
+    # int64 [1] input of a tapped graph without a greedy head (`specdec distill`): its LM head reads the
+    # kept rows from this index on, so a hidden-state call (every row kept, for the features) computes
+    # only the logits asked for. None: the head reads every kept row (or greedy_head's inputs do this).
+    head_row_start_name: str | None = None
 
     @property
     def kv_capacity_limit(self) -> int:
@@ -289,6 +294,7 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
                             else _get(data, "attention_pad_rows", (int,), where)),
         greedy_head=_get(data, "greedy_head", (dict,), where, True),
         long_call_name=s("long_call_name", True),
+        head_row_start_name=s("head_row_start_name", True),
     )
     if not spec.files:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")

@@ -189,8 +189,8 @@ class ModelSession:
         that only pad an embedding matrix can never be produced. With `hidden` (a graph with
         `hidden_name`, see `specdec distill`) returns (logits, hidden states [len(token_ids),
         hidden] float32): every new position's LM-head input, for a drafter that reads the
-        target's features (every row runs through the last layer then; a graph with a greedy head
-        still runs its LM head on the `logits_rows` only). With `greedy` and a `greedy_head` (CPU),
+        target's features (every row runs through the last layer then; a graph with a row-start input
+        for its LM head, `head_row_start_name` or a greedy head's, still runs it on the `logits_rows` only). With `greedy` and a `greedy_head` (CPU),
         the rows hold only what greedy decoding reads: the fp32 logit of every token that may be its
         row's argmax, -inf elsewhere (runtime/greedy_head.py).
         """
@@ -244,13 +244,16 @@ class ModelSession:
             out_rows = n_fed if hidden else head_rows
             binding.bind_cpu_input(spec.logits_rows_name, np.array([out_rows], dtype=np.int64))
         head_start = 0  # the first kept row the LM head reads
-        if spec.greedy_head:
+        if spec.greedy_head or spec.head_row_start_name:
             head_start = out_rows - head_rows  # > 0 where more rows are kept (a hidden call) than the head needs
+        if spec.greedy_head:
             # Each LM head reads the kept rows from its index on: one of the two runs.
             binding.bind_cpu_input(spec.greedy_head["row_start_name"],
                                    np.array([_NO_ROWS if head else head_start], np.int64))
             binding.bind_cpu_input(spec.greedy_head["approx_row_start_name"],
                                    np.array([head_start if head else _NO_ROWS], np.int64))
+        elif spec.head_row_start_name:
+            binding.bind_cpu_input(spec.head_row_start_name, np.array([head_start], np.int64))
         if self.shared_kv:
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
             cache.inputs.bind(binding, spec.seqlens_name, np.array([past + n_fed - 1], dtype=np.int32))

@@ -21,8 +21,21 @@ import onnx
 from specdec.models.errors import ExportError
 
 HIDDEN_OUTPUT = "specdec_hidden"  # name of the added graph output
+HEAD_ROW_START = "lm_head_row_start"  # the greedy head's fp32 row-start input has this name too
 _LM_HEAD_OPS = ("MatMul", "MatMulNBits", "Gemm")
 _GLUE_OPS = ("Cast", "Reshape", "Slice", "Gather", "Identity")
+
+
+def _lm_head_node(model: onnx.ModelProto, logits_name: str) -> onnx.NodeProto:
+    """Return the MatMul-like node that makes `logits` (through casts); raises ExportError if there is none."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    node = producer.get(logits_name)
+    while node is not None and node.op_type in ("Cast", "Identity"):
+        node = producer.get(node.input[0])
+    if node is None or node.op_type not in _LM_HEAD_OPS:
+        raise ExportError(f"cannot find the LM head: '{logits_name}' is not made by a MatMul "
+                          f"(found {node.op_type if node is not None else 'a graph input'})")
+    return node
 
 
 def find_lm_head_input(model: onnx.ModelProto, logits_name: str = "logits") -> str:
@@ -31,13 +44,7 @@ def find_lm_head_input(model: onnx.ModelProto, logits_name: str = "logits") -> s
     Raises ExportError when no MatMul-like node produces `logits` (through casts).
     """
     producer = {out: node for node in model.graph.node for out in node.output}
-    node = producer.get(logits_name)
-    while node is not None and node.op_type in ("Cast", "Identity"):
-        node = producer.get(node.input[0])
-    if node is None or node.op_type not in _LM_HEAD_OPS:
-        raise ExportError(f"cannot find the LM head: '{logits_name}' is not made by a MatMul "
-                          f"(found {node.op_type if node is not None else 'a graph input'})")
-    name = node.input[0]
+    name = _lm_head_node(model, logits_name).input[0]
     # Walk back through glue that keeps the values (a rows-trimming Slice, a Reshape, a Cast).
     while name in producer and producer[name].op_type in _GLUE_OPS:
         name = producer[name].input[0]
@@ -99,16 +106,44 @@ def _trailing_rows_of(model: onnx.ModelProto, taps: list[str], like: str) -> lis
     return nodes
 
 
+def add_head_row_start(model: onnx.ModelProto, logits_name: str = "logits") -> str | None:
+    """Make the LM head read its input from row `HEAD_ROW_START` on (a new int64 [1] input; in place).
+
+    A hidden-state call keeps every row through the last layer for the draft's features but
+    needs only the trailing rows' logits: without this its LM head runs on every prompt position.
+    Returns the input's name, or None where the graph has it already (a greedy head reads the
+    same input; a graph tapped before).
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    if any(value.name == HEAD_ROW_START for value in model.graph.input):
+        return None
+    head = _lm_head_node(model, logits_name)
+    rows = f"{head.input[0]}_from_row_start"
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.array([np.iinfo(np.int64).max], np.int64), "specdec_head_rows_end"),
+        numpy_helper.from_array(np.array([1], np.int64), "specdec_head_rows_axis")])
+    model.graph.input.append(helper.make_tensor_value_info(HEAD_ROW_START, TensorProto.INT64, [1]))
+    slice_node = helper.make_node("Slice", [head.input[0], HEAD_ROW_START, "specdec_head_rows_end",
+                                            "specdec_head_rows_axis"], [rows], name="specdec_head_rows")
+    model.graph.node.insert(list(model.graph.node).index(head), slice_node)
+    head.input[0] = rows
+    return HEAD_ROW_START
+
+
 def add_hidden_output(source: Path, destination: Path, logits_name: str = "logits",
-                      layers: tuple[int, ...] = ()) -> str:
+                      layers: tuple[int, ...] = ()) -> tuple[str, str | None]:
     """Write a copy of the graph at `source` to `destination` with the LM head's input as an extra output.
 
     With `layers`, the output is [batch, seq, hidden * (1 + len(layers))]: the LM head's input,
     then each layer's normed input. External weight files are referenced, not copied (both
-    graphs sit in one folder). An earlier tap is replaced. Returns the added output's name.
+    graphs sit in one folder). An earlier tap is replaced. The LM head gets a row-start input
+    (add_head_row_start) where it has none. Returns (the added output's name, the row-start
+    input's name or None where the graph had one already).
     """
     model = onnx.load(str(source), load_external_data=False)
     _remove_tap(model)
+    row_start = add_head_row_start(model, logits_name)
     tapped = find_lm_head_input(model, logits_name)
     taps = [find_layer_input(model, layer) for layer in layers]
     if taps:
@@ -122,7 +157,7 @@ def add_hidden_output(source: Path, destination: Path, logits_name: str = "logit
     model.graph.output.append(onnx.helper.make_tensor_value_info(
         HIDDEN_OUTPUT, elem, ["batch_size", "sequence_length", "hidden_size"]))
     onnx.save(model, str(destination))
-    return HIDDEN_OUTPUT
+    return HIDDEN_OUTPUT, row_start
 
 
 def compare_hidden(onnx_hidden: np.ndarray, torch_hidden: np.ndarray) -> float:

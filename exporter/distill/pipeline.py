@@ -24,8 +24,8 @@ from typing import Callable
 import numpy as np
 
 from specdec.models.errors import ExportError, SpecdecError
-from specdec.models.manifest import (MANIFEST_FILENAME, FeatureDraftSpec, GraphSpec, Manifest, RuntimeDefaults,
-                                     load_manifest, sha256_of_file)
+from specdec.models.manifest import (MANIFEST_FILENAME, MANIFEST_VERSION, FeatureDraftSpec, GraphSpec, Manifest,
+                                     RuntimeDefaults, load_manifest, sha256_of_file)
 from specdec.exporter.distill.hidden_tap import HIDDEN_OUTPUT, add_hidden_output, compare_hidden
 from specdec.exporter.distill.prompts import (HELDOUT_TOPICS, bench_prompts, heldout_prompts, keep_user_turns,
                                               training_prompts)
@@ -113,7 +113,8 @@ def _tap_target(artifact: Path, manifest: Manifest, model, tokenizer, layers: tu
     """Return the target spec with a hidden-state output (a new graph file) and its validation against PyTorch.
 
     The output holds the LM head's input, then the normed inputs of `layers`; a graph already
-    tapped for the same layers is kept, one tapped for others is tapped again into a new file.
+    tapped for the same layers is kept, one tapped for others is tapped again into a new file,
+    and the LM head reads from a row-start input (add_head_row_start).
     """
     import torch
 
@@ -121,17 +122,19 @@ def _tap_target(artifact: Path, manifest: Manifest, model, tokenizer, layers: tu
     from specdec.runtime.session import ModelSession
 
     spec = manifest.target
-    if spec.hidden_name and tuple(spec.hidden_layers) == tuple(layers):
+    # Kept where its LM head can skip rows too (a graph tapped before v9 is tapped again for that).
+    if spec.hidden_name and tuple(spec.hidden_layers) == tuple(layers) and (spec.head_row_start_name or spec.greedy_head):
         return spec, manifest.validation.get("target_hidden", {})
     source = Path(spec.graph_file)
     tapped = tapped_graph_name(spec.graph_file, layers)
     what = "the LM head's input" + (f" and the normed inputs of layers {', '.join(map(str, layers))}" if layers else "")
     progress(f"target: adding the hidden-state output ({what}) as {tapped}")
-    add_hidden_output(artifact / source, artifact / tapped, spec.logits_name, layers)
+    _, row_start = add_hidden_output(artifact / source, artifact / tapped, spec.logits_name, layers)
     files = [str(tapped)] + spec.files[1:]
     sha = {k: v for k, v in spec.sha256.items() if k != spec.graph_file}
     sha[str(tapped)] = sha256_of_file(artifact / tapped)
-    spec = replace(spec, files=files, sha256=sha, hidden_name=HIDDEN_OUTPUT, hidden_layers=list(layers))
+    spec = replace(spec, files=files, sha256=sha, hidden_name=HIDDEN_OUTPUT, hidden_layers=list(layers),
+                   head_row_start_name=row_start or spec.head_row_start_name)
     session = ModelSession(artifact, spec, "cpu")
     worst = 0.0
     for prompt in ("The capital of France is", "Write a haiku about autumn leaves."):
@@ -408,7 +411,8 @@ def _write_head(artifact: Path, manifest: Manifest, target_spec: GraphSpec, hidd
         kind="eagle", files=files, sha256={f: sha256_of_file(artifact / f) for f in files},
         hidden_size=head.config.hidden_size, num_kv_heads=head.config.num_kv_heads, head_dim=head.config.head_dim,
         vocab_subset=len(subset), target_graph_sha256=target_spec.sha256[target_spec.graph_file], training=training)
-    updated = replace(manifest, target=target_spec, feature_draft=spec,
+    # Written by this version (a tapped graph may have inputs an older runtime would not bind).
+    updated = replace(manifest, version=MANIFEST_VERSION, target=target_spec, feature_draft=spec,
                       validation={**manifest.validation, "target_hidden": hidden_report})
     try:
         runtime = runtime_acceptance(artifact, updated, config, progress)

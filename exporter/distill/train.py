@@ -34,6 +34,10 @@ class TrainSettings:
     noise: float = 0.1  # uniform +-noise on input features
     unroll_weight: float = 0.5  # loss weight of the pass fed with the head's own features (0: off)
     warmup_steps: int = 20
+    # "cosine": after warmup the rate falls to lr * final_lr_share at the planned last step (see
+    # learning_rate); "constant" keeps it at lr.
+    schedule: str = "constant"
+    final_lr_share: float = 0.1
     eval_every_seconds: float = 30.0
     # bfloat16 autocast (fp32 master weights): 3-4x the positions per second of fp32 on a bf16 CPU
     # (docs/DISTILL.md); "auto" resolves as data.generator_dtype does, and the manifest records the result.
@@ -48,6 +52,22 @@ class TrainState:
     seconds: float = 0.0
     tokens_seen: int = 0
     curve: list[dict] = field(default_factory=list)  # held-out acceptance over training
+
+
+def learning_rate(settings: TrainSettings, step: int, first: int, last: int | None) -> float:
+    """Return the rate for `step` of a run planned from step `first` to `last` (None: no plan, constant).
+
+    Linear warmup over the first warmup_steps of training (a resumed run does not warm up again),
+    then constant or a cosine from lr at `first` (or the warmup's end) down to lr * final_lr_share
+    at `last`.
+    """
+    warm = min(1.0, (step + 1) / settings.warmup_steps)
+    start = max(first, settings.warmup_steps)
+    if settings.schedule == "constant" or last is None or last <= start:
+        return settings.lr * warm
+    progress = min(1.0, max(0.0, (step - start) / (last - start)))
+    share = settings.final_lr_share + (1 - settings.final_lr_share) * 0.5 * (1 + np.cos(np.pi * progress))
+    return settings.lr * warm * share
 
 
 def _batch(examples: list[Example], picks: list[int], rng: np.random.Generator, device) -> dict[str, torch.Tensor]:
@@ -169,6 +189,7 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
         optimizer.load_state_dict(optimizer_state)
     head.train()
     last_eval = time.monotonic()
+    first_step, planned_last = state.step, max_steps
     while (max_steps is None or state.step < max_steps) and (deadline is None or time.monotonic() < deadline):
         started = time.monotonic()
         rng = np.random.default_rng([seed, state.step])
@@ -176,7 +197,7 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
         picks = rng.integers(0, len(examples), settings.batch_size).tolist()
         batch = _batch(examples, picks, rng, device)
         for group in optimizer.param_groups:
-            group["lr"] = settings.lr * min(1.0, (state.step + 1) / settings.warmup_steps)
+            group["lr"] = learning_rate(settings, state.step, first_step, planned_last)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = _losses(head, batch, settings, noise=True)
         optimizer.zero_grad()

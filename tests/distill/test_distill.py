@@ -127,8 +127,9 @@ def test_hidden_tap_is_the_lm_head_input(tiny_sources, tiny_artifacts, tmp_path,
     art = tmp_path / "art"
     shutil.copytree(tiny_artifacts[family], art)
     manifest = load_manifest(art)
-    add_hidden_output(art / manifest.target.graph_file, art / "target" / "tapped.onnx")
-    spec = replace(manifest.target, files=["target/tapped.onnx"] + manifest.target.files[1:], hidden_name=HIDDEN_OUTPUT)
+    _, row_start = add_hidden_output(art / manifest.target.graph_file, art / "target" / "tapped.onnx")
+    spec = replace(manifest.target, files=["target/tapped.onnx"] + manifest.target.files[1:], hidden_name=HIDDEN_OUTPUT,
+                   head_row_start_name=row_start)
     session = ModelSession(art, spec, "cpu", threads=1)
     model = AutoModelForCausalLM.from_pretrained(tiny_sources[family][0]).eval()
     ids = [5, 17, 42, 9, 100, 7]
@@ -143,6 +144,35 @@ def test_hidden_tap_is_the_lm_head_input(tiny_sources, tiny_artifacts, tmp_path,
     assert np.abs(logits - hidden @ weight.T[:, : logits.shape[1]]).max() < 1e-3
     if session.shared_kv:  # the verify call wrote its hidden rows into a kept buffer, its width learnt from the first
         assert (HIDDEN_OUTPUT, (1, 2, reference.shape[1])) in cache.bindings[(True, False)]._outputs
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_hidden_call_computes_only_the_logits_rows_asked_for(tiny_artifacts, tmp_path, family):
+    """The tapped graph's LM head reads from its row-start input on: a prefill keeping one row of
+    logits still returns every position's feature, and the same logits as a call keeping all."""
+    from dataclasses import replace
+
+    from specdec.exporter.distill.hidden_tap import HEAD_ROW_START, HIDDEN_OUTPUT, add_hidden_output
+    from specdec.models.manifest import load_manifest
+    from specdec.runtime.session import ModelSession
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifacts[family], art)
+    manifest = load_manifest(art)
+    assert add_hidden_output(art / manifest.target.graph_file, art / "target" / "tapped.onnx")[1] == HEAD_ROW_START
+    spec = replace(manifest.target, files=["target/tapped.onnx"] + manifest.target.files[1:], hidden_name=HIDDEN_OUTPUT,
+                   head_row_start_name=HEAD_ROW_START)
+    session = ModelSession(art, spec, "cpu", threads=1)
+    ids = list(range(5, 29))
+    every, every_hidden = session.forward(session.new_cache(32), ids, hidden=True)
+    for rows in (1, 3):
+        cache = session.new_cache(32)
+        kept, hidden = session.forward(cache, ids, logits_rows=rows, hidden=True)
+        np.testing.assert_allclose(kept, every[-rows:], rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(hidden, every_hidden)
+        if session.shared_kv:  # the head's output has the kept rows only (a concat graph allocates it per call)
+            call = cache.bindings[(True, False)]
+            assert call.io.get_outputs()[call._order(spec.logits_name)].shape()[1] == rows
 
 
 def test_hidden_tap_with_layers_holds_their_normed_inputs(tiny_sources, tiny_artifacts, tmp_path):
@@ -167,13 +197,14 @@ def test_hidden_tap_with_layers_holds_their_normed_inputs(tiny_sources, tiny_art
         out = model.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
         last = out.last_hidden_state[0].numpy()
         lower = layer_inputs(model, out.hidden_states, (1, 0))[0].numpy()
-    add_hidden_output(art / manifest.target.graph_file, art / "target" / "tapped.onnx", layers=(1, 0))
-    add_hidden_output(art / "target" / "tapped.onnx", art / "target" / "again.onnx")
+    _, row_start = add_hidden_output(art / manifest.target.graph_file, art / "target" / "tapped.onnx", layers=(1, 0))
+    assert add_hidden_output(art / "target" / "tapped.onnx", art / "target" / "again.onnx")[1] is None  # has it
     expected = {"tapped.onnx": np.concatenate([last, lower], axis=1), "again.onnx": last}
     for name, reference in expected.items():
         graph = onnx.load(str(art / "target" / name), load_external_data=False)
         assert [o.name for o in graph.graph.output].count(HIDDEN_OUTPUT) == 1
-        spec = replace(manifest.target, files=[f"target/{name}"] + manifest.target.files[1:], hidden_name=HIDDEN_OUTPUT)
+        spec = replace(manifest.target, files=[f"target/{name}"] + manifest.target.files[1:], hidden_name=HIDDEN_OUTPUT,
+                       head_row_start_name=row_start)
         session = ModelSession(art, spec, "cpu", threads=1)
         cache = session.new_cache(16)
         _, hidden = session.forward(cache, ids[:4], hidden=True)
