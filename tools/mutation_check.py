@@ -38,6 +38,7 @@ EOS_IN_BLOCK = EXACTNESS + "::test_eos_inside_an_accepted_block_ends_the_counts_
 ATTENTION_PAD = "tests/exporter/test_attention_rows.py"
 GREEDY_HEAD = "tests/runtime/test_greedy_head.py"
 BINDING = "tests/runtime/test_session_binding.py"
+DISTILL = "tests/distill/test_distill.py"
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("hidden prefill: the LM head's rows read as if it started at the first kept row", "runtime/session.py",
            "kept_by_head = slice(kept.start - head_start, kept.stop - head_start)", "kept_by_head = kept",
            (GREEDY_HEAD + "::test_a_hidden_prefill_runs_the_lm_head_on_the_kept_rows_only",)),
+    Mutant("tapped graph: the LM head's row start left at the first kept row", "runtime/session.py",
+           "binding.bind_cpu_input(spec.head_row_start_name, np.array([head_start], np.int64))",
+           "binding.bind_cpu_input(spec.head_row_start_name, np.array([0], np.int64))",
+           (DISTILL + "::test_a_hidden_call_computes_only_the_logits_rows_asked_for",)),
     Mutant("attention pad: its position not reserved in the KV buffer", "runtime/session.py",
            "cache.reserve(past + n_fed + spec.attention_pad_rows)", "cache.reserve(past + n_fed)",
            (ATTENTION_PAD + "::test_padded_steps_equal_verify_rows_to_the_bit",)),

@@ -365,7 +365,8 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
         torch.save({"head": head.state_dict(), "optimizer": optimizer_state, "state": asdict(state),
                     "subset": subset, "untrained": untrained, "untrained_fit": untrained_fit}, work / "checkpoint.pt")
         training = {
-            "seed": config.seed, "steps": state.step, "train_minutes": round(state.seconds / 60, 2),
+            "seed": config.seed, "steps": state.step, "planned_steps": state.planned_steps,
+            "train_minutes": round(state.seconds / 60, 2),
             "wall_minutes": round((time.monotonic() - start) / 60, 2), "device": device,
             "data": meta, "settings": asdict(settings), "draft_config": draft_config.as_dict(),
             "heldout_acceptance": final, "untrained_heldout_acceptance": untrained, "curve": state.curve,

@@ -52,17 +52,30 @@ class TrainState:
     seconds: float = 0.0
     tokens_seen: int = 0
     curve: list[dict] = field(default_factory=list)  # held-out acceptance over training
+    planned_steps: int | None = None  # the step the current run's schedule ends at (None: not planned)
+
+
+PLAN_AFTER_STEPS = 30  # steps timed before a deadline-only run plans its last step (warmup runs meanwhile)
+PLAN_MARGIN = 0.95  # of the steps the measured rate fits in the time left: the rate wanders, the deadline does not
+
+
+def planned_steps(step: int, steps_done: int, seconds_done: float, seconds_left: float) -> int:
+    """Return the last step of a run now at `step` that took `seconds_done` for `steps_done` steps and has
+    `seconds_left`: as many more as the measured rate fits in PLAN_MARGIN of the time left."""
+    rate = steps_done / max(seconds_done, 1e-9)
+    return step + max(1, int(PLAN_MARGIN * rate * max(seconds_left, 0.0)))
 
 
 def learning_rate(settings: TrainSettings, step: int, first: int, last: int | None) -> float:
     """Return the rate for `step` of a run planned from step `first` to `last` (None: no plan, constant).
 
     Linear warmup over the first warmup_steps of training (a resumed run does not warm up again),
-    then constant or a cosine from lr at `first` (or the warmup's end) down to lr * final_lr_share
-    at `last`.
+    then constant or a cosine down to lr * final_lr_share at `last`, starting PLAN_AFTER_STEPS after
+    `first` (or at the warmup's end, if later): a run under a deadline plans `last` only then, and
+    one given its steps follows the same rates.
     """
     warm = min(1.0, (step + 1) / settings.warmup_steps)
-    start = max(first, settings.warmup_steps)
+    start = max(first + PLAN_AFTER_STEPS, settings.warmup_steps)
     if settings.schedule == "constant" or last is None or last <= start:
         return settings.lr * warm
     progress = min(1.0, max(0.0, (step - start) / (last - start)))
@@ -178,8 +191,11 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
                progress: Callable[[TrainState, dict | None], None] | None = None) -> tuple[TrainState, dict]:
     """Train until `deadline` (time.monotonic()) or `max_steps` total steps; return (state, optimizer state).
 
-    Deterministic for a seed and a step count (the batch order is drawn from the seed and
-    the step number, so a resumed run draws what an uninterrupted one would have).
+    Under a deadline alone, the run's last step is planned from the step rate of its first
+    PLAN_AFTER_STEPS (state.planned_steps), so the learning rate can decay towards it; a run
+    given that many `max_steps` then repeats it exactly. Deterministic for a seed and a step
+    count (the batch order is drawn from the seed and the step number, so a resumed run draws
+    what an uninterrupted one would have; its schedule restarts from where it resumes).
     """
     device = next(head.parameters()).device
     bf16 = resolved_settings(settings, device.type).compute_dtype == "bfloat16"
@@ -188,16 +204,21 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
     if optimizer_state:
         optimizer.load_state_dict(optimizer_state)
     head.train()
-    last_eval = time.monotonic()
-    first_step, planned_last = state.step, max_steps
-    while (max_steps is None or state.step < max_steps) and (deadline is None or time.monotonic() < deadline):
+    last_eval = began = time.monotonic()
+    first_step = state.step
+    state.planned_steps = max_steps
+    while ((state.planned_steps is None or state.step < state.planned_steps)
+           and (deadline is None or time.monotonic() < deadline)):
+        if state.planned_steps is None and deadline is not None and state.step - first_step == PLAN_AFTER_STEPS:
+            state.planned_steps = planned_steps(state.step, state.step - first_step, time.monotonic() - began,
+                                                deadline - time.monotonic())
         started = time.monotonic()
         rng = np.random.default_rng([seed, state.step])
         torch.manual_seed(seed * 1_000_003 + state.step)
         picks = rng.integers(0, len(examples), settings.batch_size).tolist()
         batch = _batch(examples, picks, rng, device)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(settings, state.step, first_step, planned_last)
+            group["lr"] = learning_rate(settings, state.step, first_step, state.planned_steps)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = _losses(head, batch, settings, noise=True)
         optimizer.zero_grad()

@@ -316,6 +316,60 @@ def test_training_is_deterministic_for_a_seed(compute_dtype):
     assert not torch.equal(run(1), run(2))
 
 
+def test_learning_rate_warms_up_then_falls_along_a_cosine_to_its_floor():
+    from specdec.exporter.distill.train import TrainSettings, learning_rate
+
+    from specdec.exporter.distill.train import PLAN_AFTER_STEPS as PLAN
+
+    cosine = TrainSettings(lr=1e-3, warmup_steps=10, schedule="cosine", final_lr_share=0.1)
+    assert learning_rate(cosine, 0, 0, PLAN + 100) == pytest.approx(1e-4)  # warmup: (step + 1) / 10
+    assert learning_rate(cosine, PLAN, 0, PLAN + 100) == pytest.approx(1e-3)  # the cosine starts once planned
+    assert learning_rate(cosine, PLAN + 50, 0, PLAN + 100) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))  # halfway
+    assert learning_rate(cosine, PLAN + 100, 0, PLAN + 100) == pytest.approx(1e-4)
+    assert learning_rate(cosine, PLAN + 300, 0, PLAN + 100) == pytest.approx(1e-4)  # past the plan: the floor
+    assert learning_rate(cosine, PLAN + 50, 0, None) == pytest.approx(1e-3)  # no plan: constant
+    # A resumed run (from step 200) does not warm up again and decays over its own plan.
+    assert learning_rate(cosine, 200, 200, 300 + PLAN) == pytest.approx(1e-3)
+    assert learning_rate(cosine, 250 + PLAN, 200, 300 + PLAN) == pytest.approx(1e-3 * 0.55)
+    constant = TrainSettings(lr=1e-3, warmup_steps=10)
+    assert learning_rate(constant, PLAN + 50, 0, PLAN + 100) == pytest.approx(1e-3)
+
+
+def test_a_deadline_run_plans_its_last_step_and_max_steps_repeats_it(monkeypatch):
+    """Under a deadline alone the run times its first steps and stops at the step it planned from them;
+    the same seed with that many steps gives the same weights."""
+    import types
+
+    import torch
+
+    from specdec.exporter.distill import train
+
+    clock = iter(np.arange(0, 1e6, 0.01))  # every reading 10 ms later: the plan does not depend on the machine
+    monkeypatch.setattr(train, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock))))
+
+    from specdec.exporter.distill.data import Example
+    from specdec.exporter.distill.draft_model import DraftConfig, DraftHead
+    from specdec.exporter.distill.train import PLAN_AFTER_STEPS, TrainSettings, TrainState, planned_steps, train_head
+
+    assert planned_steps(30, 30, 3.0, 10.0) == 30 + int(0.95 * 100)
+    rng = np.random.default_rng(0)
+    examples = [Example(rng.integers(0, 50, 20), rng.standard_normal((20, 16)).astype(np.float16),
+                        rng.integers(0, 50, 20), 5, False) for _ in range(6)]
+    config = DraftConfig(16, 2, 1, 8, 32, 10000.0, 1e-6, 50, 40)
+    settings = TrainSettings(batch_size=3, compute_dtype="float32", schedule="cosine", warmup_steps=5)
+
+    def run(deadline, steps):
+        torch.manual_seed(0)
+        head = DraftHead(config, torch.arange(40))
+        state, _ = train_head(head, examples, examples[:2], settings, TrainState(), 0, deadline, steps)
+        return state, torch.cat([p.detach().flatten() for p in head.parameters()])
+
+    planned, weights = run(train.time.monotonic() + 10.0, None)
+    assert planned.planned_steps > PLAN_AFTER_STEPS and planned.step == planned.planned_steps
+    repeated, again = run(None, planned.step)
+    assert repeated.planned_steps == planned.step and torch.equal(weights, again)
+
+
 def test_resume_trains_on_from_the_checkpoint(distilled_artifact, tmp_path):
     """--resume reuses the data and checkpoint beside the artifact: the step count goes on from 60."""
     from dataclasses import replace as copy_with
