@@ -331,7 +331,7 @@ def test_learning_rate_warms_up_then_falls_along_a_cosine_to_its_floor():
     # A resumed run (from step 200) does not warm up again and decays over its own plan.
     assert learning_rate(cosine, 200, 200, 300 + PLAN) == pytest.approx(1e-3)
     assert learning_rate(cosine, 250 + PLAN, 200, 300 + PLAN) == pytest.approx(1e-3 * 0.55)
-    constant = TrainSettings(lr=1e-3, warmup_steps=10)
+    constant = TrainSettings(lr=1e-3, warmup_steps=10, schedule="constant")
     assert learning_rate(constant, PLAN + 50, 0, PLAN + 100) == pytest.approx(1e-3)
 
 
