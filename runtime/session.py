@@ -190,9 +190,9 @@ class ModelSession:
         `hidden_name`, see `specdec distill`) returns (logits, hidden states [len(token_ids),
         hidden] float32): every new position's LM-head input, for a drafter that reads the
         target's features (every row runs through the last layer then; a graph with a row-start input
-        for its LM head, `head_row_start_name` or a greedy head's, still runs it on the `logits_rows` only). With `greedy` and a `greedy_head` (CPU),
-        the rows hold only what greedy decoding reads: the fp32 logit of every token that may be its
-        row's argmax, -inf elsewhere (runtime/greedy_head.py).
+        for its LM head, `head_row_start_name` or a greedy head's, still runs it on the `logits_rows`
+        only). With `greedy` and a `greedy_head` (CPU), the rows hold only what greedy decoding reads:
+        the fp32 logit of every token that may be its row's argmax, -inf elsewhere (runtime/greedy_head.py).
         """
         n_new = len(token_ids)
         past = cache.length

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from specdec.exporter.greedy_head import ROW_START_NAME as HEAD_ROW_START  # the greedy head's fp32 head reads it too
 from specdec.models.errors import ExportError
 
 HIDDEN_OUTPUT = "specdec_hidden"  # name of the added graph output
-HEAD_ROW_START = "lm_head_row_start"  # the greedy head's fp32 row-start input has this name too
 _LM_HEAD_OPS = ("MatMul", "MatMulNBits", "Gemm")
 _GLUE_OPS = ("Cast", "Reshape", "Slice", "Gather", "Identity")
 
