@@ -2,7 +2,8 @@
 
 Two costs, measured in the issue: the target decoding answers (batched `generate`) is
 the expensive part; one teacher-forced pass over prompt + answer to read every
-position's LM-head input is several times cheaper per token.
+position's LM-head input is several times cheaper per token, and cheaper still is
+keeping what decoding computed anyway (FeatureRecorder), which training answers do.
 """
 
 from __future__ import annotations
@@ -36,6 +37,68 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
                                              add_generation_prompt=True)
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     return tokenizer(prompt)["input_ids"]
+
+
+class FeatureRecorder:
+    """Forward hooks that keep, call by call, what the tapped target graph outputs while `generate` decodes.
+
+    Per call: the LM head's input (the base model's last_hidden_state), the normed inputs of
+    `layers` (as layer_inputs reads them) and the argmax of the call's last logits row. A
+    left-padded batch's prefill is one call of the whole width; each decode step one call of
+    one position. Use as a context manager: the hooks go when it exits.
+    """
+
+    def __init__(self, model, layers: tuple[int, ...] = ()):
+        self.model, self.layers = model, tuple(layers)
+        self.last: list[torch.Tensor] = []
+        self.lower: dict[int, list[torch.Tensor]] = {layer: [] for layer in self.layers}
+        self.argmax: list[torch.Tensor] = []
+        self._handles = []
+
+    def __enter__(self) -> "FeatureRecorder":
+        base = base_model(self.model)
+        self._handles.append(base.register_forward_hook(
+            lambda module, args, out: self.last.append(out.last_hidden_state)))
+        for layer in self.layers:
+            self._handles.append(base.layers[layer].input_layernorm.register_forward_hook(
+                lambda module, args, out, keep=self.lower[layer]: keep.append(out)))
+        self._handles.append(self.model.get_output_embeddings().register_forward_hook(
+            lambda module, args, out: self.argmax.append(out[:, -1].argmax(-1))))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def examples(self, batch: list[list[int]], answers: list[list[int]], sampled: bool) -> list[Example]:
+        """Return an Example per (prompt ids, answer ids) of the one left-padded `generate` call recorded.
+
+        The last token of the longest answers was never fed back, so it has no feature: those
+        answers lose it (an EOS there predicts nothing the head needs).
+        """
+        width = max(len(ids) for ids in batch)
+        last = torch.cat(self.last, dim=1)  # [B, width + calls - 1, H]
+        lower = torch.cat([torch.cat(self.lower[layer], dim=1) for layer in self.layers], dim=-1) if self.layers else None
+        chosen = torch.stack(self.argmax, dim=1)  # [B, calls]: the argmax after the last prompt token, then each answer token
+        fed = last.shape[1] - width  # answer tokens fed back
+        head = self.model.get_output_embeddings()
+        examples = []
+        with torch.no_grad():
+            for row, (prompt, answer) in enumerate(zip(batch, answers)):
+                keep = min(len(answer), fed)
+                start = width - len(prompt)
+                length = len(prompt) + keep
+                features = last[row, start:start + length]
+                prompt_choices = head(features[: len(prompt) - 1]).argmax(-1)  # the prefill kept one logits row
+                greedy = torch.cat([prompt_choices, chosen[row, : keep + 1]])
+                examples.append(Example(
+                    ids=np.asarray(prompt + answer[:keep], np.int64),
+                    features=features.float().cpu().numpy().astype(np.float16),
+                    greedy_next=greedy.cpu().numpy().astype(np.int64), answer_start=len(prompt), sampled=sampled,
+                    layer_features=None if lower is None else
+                    lower[row, start:start + length].float().cpu().numpy().astype(np.float16)))
+        return examples
 
 
 def _decode(model, batch: list[list[int]], eos_ids: list[int], pad: int, max_new_tokens: int, temperature: float,
@@ -87,6 +150,16 @@ def generate_answers(model, tokenizer, prompts: list[str], eos_ids: list[int], m
         if progress:
             progress(len(results), sum(len(a) for _, a in results))
     return results
+
+
+def decode_examples(model, tokenizer, prompts: list[str], eos_ids: list[int], max_new_tokens: int,
+                    temperature: float, seed: int, layers: tuple[int, ...] = ()) -> list[Example]:
+    """Return an Example per prompt, answered in one left-padded `generate` call whose own forward passes supply
+    the features (FeatureRecorder): no teacher-forced pass. temperature 0: greedy; else sampled."""
+    batch = [chat_ids(tokenizer, p) for p in prompts]
+    with FeatureRecorder(model, layers) as recorder:
+        answers = _decode(model, batch, eos_ids, _pad_id(tokenizer, eos_ids), max_new_tokens, temperature, seed)
+    return recorder.examples(batch, answers, sampled=temperature > 0)
 
 
 _SENTINEL = "\u2063specdec-user-turn\u2063"

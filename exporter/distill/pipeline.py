@@ -181,13 +181,14 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
     keep_user_turns against the bench's prompts and the held-out topics, templates filling
     what the filter dropped.
 
-    Training answers are decoded, and then teacher-forced for their features, by a copy of the
-    target in `generator_dtype` (bf16 where the hardware has it: 2-4x fp32 on the teacher-forced
-    pass; its feature error is far below the +-0.1 training noise), batch by batch so the
-    deadline covers both costs. Held-out features and greedy choices, which acceptance is
-    judged on, are read by the fp32 target.
+    Training answers are decoded by a copy of the target in `generator_dtype` (bf16 where the
+    hardware has it; its feature error is far below the +-0.1 training noise), which keeps the
+    features its own forward passes computed (decode_examples: no teacher-forced pass).
+    Held-out features and greedy choices, which acceptance is judged on, are read by the fp32
+    target in a teacher-forced pass.
     """
-    from specdec.exporter.distill.data import features_of, generate_answers, save_examples, write_user_turns
+    from specdec.exporter.distill.data import (decode_examples, features_of, generate_answers, save_examples,
+                                               write_user_turns)
 
     eos = list(manifest.tokenizer.eos_token_ids)
     started = time.monotonic()
@@ -195,16 +196,18 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
     dtype = next(generator.parameters()).dtype
     progress(f"data: answers decoded in {str(dtype).removeprefix('torch.')}, batches of {config.generate_batch}; "
              "held-out features read by the fp32 target")
-    heldout = generate_answers(generator, tokenizer, heldout_prompts(config.heldout, config.seed), eos,
-                               config.max_new_tokens, 0.0, config.generate_batch, config.seed)
-    layers = tuple(config.feature_layers)
-    held = features_of(model, heldout, sampled=False, layers=layers)
     templated = iter(training_prompts(100_000, config.seed))
     avoid, seen = bench_prompts(), set()
     examples = []
     batch = config.generate_batch
     chunk_index = tokens = written = kept = 0
-    seconds = {"generate": 0.0, "features": 0.0}
+    seconds = {"generate": 0.0, "features": 0.0}  # features: the held-out set's teacher-forced pass
+    heldout = generate_answers(generator, tokenizer, heldout_prompts(config.heldout, config.seed), eos,
+                               config.max_new_tokens, 0.0, config.generate_batch, config.seed)
+    layers = tuple(config.feature_layers)
+    middle = time.monotonic()
+    held = features_of(model, heldout, sampled=False, layers=layers)
+    seconds["features"] += time.monotonic() - middle
     last_chunk = 0.0
     while config.prompts is None or len(examples) < config.prompts:
         # Stop before a batch that would end past the deadline (the last one's time predicts it).
@@ -221,15 +224,13 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
         prompts += list(itertools.islice(templated, size - len(prompts)))  # templates fill what was dropped
         if not prompts:
             break
-        answers = generate_answers(generator, tokenizer, prompts, eos, config.max_new_tokens,
-                                   0.7 if sampled else 0.0, batch, config.seed + batch * chunk_index)
+        new = decode_examples(generator, tokenizer, prompts, eos, config.max_new_tokens, 0.7 if sampled else 0.0,
+                              config.seed + batch * chunk_index, layers)
         chunk_index += 1
-        middle = time.monotonic()
-        examples += features_of(generator, answers, sampled=sampled, layers=layers)
-        seconds["generate"] += middle - chunk_started
-        seconds["features"] += time.monotonic() - middle
+        examples += new
         last_chunk = time.monotonic() - chunk_started
-        tokens += sum(len(a) for _, a in answers)
+        seconds["generate"] += last_chunk
+        tokens += sum(len(e.ids) - e.answer_start for e in new)
         rate = tokens / max(time.monotonic() - started, 1e-9)
         progress(f"data: {len(examples)} answers ({kept} to prompts the target wrote), {tokens} answer tokens "
                  f"({rate:.0f} tok/s, features included)")

@@ -499,3 +499,44 @@ def test_exported_head_gives_the_last_pairs_logits_and_every_pairs_features(tmp_
     assert logits.shape == (1, 1, 40) and features.shape == (1, 6, 16) and key.shape == (1, 1, 9, 8)
     np.testing.assert_allclose(logits[0, 0], every[0, -1].numpy(), atol=1e-5)
     np.testing.assert_allclose(features, torch_features.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_features_kept_from_decoding_equal_a_teacher_forced_pass(temperature):
+    """decode_examples keeps the features, lower-layer inputs and greedy choices that generate's own forward passes
+    computed (left-padded prefill, then one position per step); a teacher-forced pass over the same conversations
+    (features_of, right-padded) reads the same, so training data needs no second pass."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.exporter.distill.data import decode_examples, features_of
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=96)
+    model = LlamaForCausalLM(config).eval()
+    model.config._attn_implementation = "sdpa"
+
+    class Words:  # a tokenizer without a chat template: a prompt is its words' ids
+        chat_template = None
+        pad_token_id = 0
+
+        def __call__(self, text):
+            return {"input_ids": [int(w) for w in text.split()]}
+
+    prompts = ["5 9 17", "40 41 42 43 44 45 46", "99", "7 7 8 8"]
+    eos = [3]
+    examples = decode_examples(model, Words(), prompts, eos, max_new_tokens=12, temperature=temperature, seed=1,
+                               layers=(0, 2))
+    longest = max(len(e.ids) - e.answer_start for e in examples)
+    assert longest == 11  # some answer ran to max_new_tokens and lost its never-fed last token
+    conversations = [(list(e.ids[: e.answer_start]), list(e.ids[e.answer_start:])) for e in examples]
+    reference = features_of(model, conversations, sampled=temperature > 0, layers=(0, 2))
+    for got, want, prompt in zip(examples, reference, prompts):
+        assert got.ids[: got.answer_start].tolist() == [int(w) for w in prompt.split()]
+        assert np.array_equal(got.ids, want.ids) and got.sampled == want.sampled
+        assert np.abs(got.features.astype(np.float32) - want.features.astype(np.float32)).max() < 2e-3
+        assert np.abs(got.layer_features.astype(np.float32) - want.layer_features.astype(np.float32)).max() < 2e-3
+        assert np.array_equal(got.greedy_next, want.greedy_next)
+        if temperature == 0:  # a greedy answer is its own greedy choices
+            assert got.ids[got.answer_start:].tolist() == got.greedy_next[got.answer_start - 1:-1].tolist()
