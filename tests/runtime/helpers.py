@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from specdec.runtime.diagnostics import first_mismatch
 from specdec.runtime.engine import Engine, GenerationConfig
 
@@ -25,3 +27,17 @@ def near_tie_mismatches(engine: Engine, prompt_ids: list[int], reference: list[i
 def greedy(engine: Engine, prompt: str | list[int], on_iteration=None, **overrides):
     """Return the GenerationResult of a greedy generation with the given overrides."""
     return engine.generate(prompt, GenerationConfig(**{"max_new_tokens": 48, **overrides}), on_iteration)
+
+
+def chi2_critical(dof):
+    """Return the 0.001 upper quantile of chi-square(dof) (Wilson-Hilferty approximation)."""
+    return dof * (1 - 2 / (9 * dof) + 3.09 * np.sqrt(2 / (9 * dof))) ** 3
+
+
+def chi2_fits(counts, probs):
+    """Return (chi2, critical): goodness of fit of counts to probs over the cells with probs > 0."""
+    counts = np.asarray(counts, dtype=float)
+    assert counts[probs == 0].sum() == 0, "drew a token of probability 0"
+    n, cells = counts.sum(), probs > 0
+    chi2 = float((((counts[cells] - n * probs[cells]) ** 2) / (n * probs[cells])).sum())
+    return chi2, chi2_critical(int(cells.sum()) - 1)

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from specdec.runtime.acceptance import greedy_verify, rejection_sample, residual_distribution
+from tests.runtime.helpers import chi2_fits
 
 
 def test_greedy_verify_accepts_matching_prefix_then_corrects():
@@ -56,20 +57,6 @@ def test_shape_checks():
         rejection_sample([1], np.ones((2, 3)) / 3, np.ones((2, 3)) / 3, rng)
 
 
-def _chi2_critical(dof):
-    """Return the 0.001 upper quantile of chi-square(dof) (Wilson-Hilferty approximation)."""
-    return dof * (1 - 2 / (9 * dof) + 3.09 * np.sqrt(2 / (9 * dof))) ** 3
-
-
-def _fits(counts, probs):
-    """Return (chi2, critical): goodness of fit of counts to probs over the cells with probs > 0."""
-    counts = np.asarray(counts, dtype=float)
-    assert counts[probs == 0].sum() == 0, "drew a token of probability 0"
-    n, cells = counts.sum(), probs > 0
-    chi2 = float((((counts[cells] - n * probs[cells]) ** 2) / (n * probs[cells])).sum())
-    return chi2, _chi2_critical(int(cells.sum()) - 1)
-
-
 def test_rejection_sampling_reproduces_target_distribution():
     """Leviathan et al. Thm 3.5, statistically: the committed token is distributed as p."""
     rng = np.random.default_rng(1234)
@@ -85,7 +72,7 @@ def test_rejection_sampling_reproduces_target_distribution():
         counts[verdict.committed([int(x)])[0]] += 1
         rejected += verdict.num_accepted == 0
     assert draws * 0.1 < rejected < draws * 0.9  # both paths taken
-    chi2, critical = _fits(counts, p)
+    chi2, critical = chi2_fits(counts, p)
     assert chi2 < critical, (chi2, counts / draws, p)
 
 
@@ -118,7 +105,7 @@ def test_rejection_sampling_later_positions_and_bonus():
             assert not verdict.is_bonus and len(committed) == verdict.num_accepted + 1
     assert min(first.sum(), second.sum(), bonus.sum()) > 5_000, (first.sum(), second.sum(), bonus.sum())
     for counts, probs in ((first, p1), (second, p2), (bonus, p3)):
-        chi2, critical = _fits(counts, probs)
+        chi2, critical = chi2_fits(counts, probs)
         assert chi2 < critical, (chi2, critical, counts / counts.sum(), probs)
 
 
@@ -136,7 +123,7 @@ def test_one_hot_draft_is_accepted_with_probability_p_of_x():
             committed[verdict.committed([x])[0]] += 1
         sd = np.sqrt(p[x] * (1 - p[x]) / draws)
         assert abs(accepted / draws - p[x]) < 5 * sd, (x, accepted / draws, p[x])
-        chi2, critical = _fits(committed, p)  # overall the committed token is distributed as p
+        chi2, critical = chi2_fits(committed, p)  # overall the committed token is distributed as p
         assert chi2 < critical, (x, chi2, committed / draws)
 
 
