@@ -367,6 +367,7 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
                     "subset": subset, "untrained": untrained, "untrained_fit": untrained_fit}, work / "checkpoint.pt")
         training = {
             "seed": config.seed, "steps": state.step, "planned_steps": state.planned_steps,
+            "plan_history": state.plan_history,
             "train_minutes": round(state.seconds / 60, 2),
             "wall_minutes": round((time.monotonic() - start) / 60, 2), "device": device,
             "data": meta, "settings": asdict(settings), "draft_config": draft_config.as_dict(),

@@ -55,10 +55,15 @@ class TrainState:
     tokens_seen: int = 0
     curve: list[dict] = field(default_factory=list)  # held-out acceptance over training
     planned_steps: int | None = None  # the step the current run's schedule ends at (None: not planned)
+    plan_history: list[list[int]] = field(default_factory=list)  # [step, planned last step] at each (re)plan
 
 
 PLAN_AFTER_STEPS = 30  # steps timed before a deadline-only run plans its last step (warmup runs meanwhile)
 PLAN_MARGIN = 0.95  # of the steps the measured rate fits in the time left: the rate wanders, the deadline does not
+# A deadline run re-plans every eval_every_seconds until it is this far into its cosine, where the box's
+# speed has moved its last step by more than REPLAN_CHANGE (its first 30 steps once ran at 0.6x the later rate).
+REPLAN_UNTIL = 0.5
+REPLAN_CHANGE = 0.02
 
 
 def planned_steps(step: int, steps_done: int, seconds_done: float, seconds_left: float) -> int:
@@ -77,12 +82,17 @@ def learning_rate(settings: TrainSettings, step: int, first: int, last: int | No
     one given its steps follows the same rates.
     """
     warm = min(1.0, (step + 1) / settings.warmup_steps)
-    start = max(first + PLAN_AFTER_STEPS, settings.warmup_steps)
-    if settings.schedule == "constant" or last is None or last <= start:
+    if settings.schedule == "constant" or last is None:
         return settings.lr * warm
-    progress = min(1.0, max(0.0, (step - start) / (last - start)))
+    progress = _schedule_progress(settings, step, first, last)
     share = settings.final_lr_share + (1 - settings.final_lr_share) * 0.5 * (1 + np.cos(np.pi * progress))
     return settings.lr * warm * share
+
+
+def _schedule_progress(settings: TrainSettings, step: int, first: int, last: int) -> float:
+    """Return how far `step` is along the cosine of a run planned from step `first` to `last`: 0 to 1."""
+    start = max(first + PLAN_AFTER_STEPS, settings.warmup_steps)
+    return 0.0 if last <= start else min(1.0, max(0.0, (step - start) / (last - start)))
 
 
 def _batch(examples: list[Example], picks: list[int], rng: np.random.Generator, device) -> dict[str, torch.Tensor]:
@@ -194,8 +204,10 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
     """Train until `deadline` (time.monotonic()) or `max_steps` total steps; return (state, optimizer state).
 
     Under a deadline alone, the run's last step is planned from the step rate of its first
-    PLAN_AFTER_STEPS (state.planned_steps), so the learning rate can decay towards it; a run
-    given that many `max_steps` then repeats it exactly. Deterministic for a seed and a step
+    PLAN_AFTER_STEPS (state.planned_steps), so the learning rate can decay towards it, and
+    re-planned from the rate since then while the cosine is in its first half (REPLAN_UNTIL;
+    state.plan_history); a run given `max_steps` follows one plan, so one that never re-planned
+    is repeated exactly by as many `max_steps`. Deterministic for a seed and a step
     count (the batch order is drawn from the seed and the step number, so a resumed run draws
     what an uninterrupted one would have; its schedule restarts from where it resumes).
     """
@@ -206,14 +218,24 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
     if optimizer_state:
         optimizer.load_state_dict(optimizer_state)
     head.train()
-    last_eval = began = time.monotonic()
+    last_eval = last_plan = began = time.monotonic()
     first_step = state.step
-    state.planned_steps = max_steps
+    state.planned_steps, state.plan_history = max_steps, []
+    plan_step, plan_time = first_step, began
     while ((state.planned_steps is None or state.step < state.planned_steps)
            and (deadline is None or time.monotonic() < deadline)):
+        now = time.monotonic()
         if state.planned_steps is None and deadline is not None and state.step - first_step == PLAN_AFTER_STEPS:
-            state.planned_steps = planned_steps(state.step, state.step - first_step, time.monotonic() - began,
-                                                deadline - time.monotonic())
+            state.planned_steps = planned_steps(state.step, state.step - first_step, now - began, deadline - now)
+            state.plan_history.append([state.step, state.planned_steps])
+            plan_step, plan_time, last_plan = state.step, now, now
+        elif (max_steps is None and state.plan_history and now - last_plan >= settings.eval_every_seconds
+              and _schedule_progress(settings, state.step, first_step, state.planned_steps) < REPLAN_UNTIL):
+            last_plan = now
+            replanned = planned_steps(state.step, state.step - plan_step, now - plan_time, deadline - now)
+            if abs(replanned - state.planned_steps) > REPLAN_CHANGE * state.planned_steps:
+                state.planned_steps = replanned
+                state.plan_history.append([state.step, replanned])
         started = time.monotonic()
         rng = np.random.default_rng([seed, state.step])
         torch.manual_seed(seed * 1_000_003 + state.step)
