@@ -140,6 +140,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "near = np.flatnonzero(approx_row >= approx_row.max() - 2 * widest)",
            "near = np.flatnonzero(approx_row >= approx_row.max() - widest)",
            (GREEDY_HEAD + "::test_near_top_candidates_are_argmax_candidates",)),
+    Mutant("distill data: sampled answers drawn without the temperature", "exporter/distill/data.py",
+           "cdf = torch.softmax(scores.float() / self.temperature, dim=-1).cumsum(-1)",
+           "cdf = torch.softmax(scores.float(), dim=-1).cumsum(-1)",
+           (DISTILL + "::test_the_data_sampler_draws_from_the_tempered_distribution",)),
+    Mutant("distill data: kept greedy choices one step late", "exporter/distill/data.py",
+           "greedy = torch.cat([prompt_choices, chosen[row, : keep + 1]])",
+           "greedy = torch.cat([prompt_choices, chosen[row, 1: keep + 2]])",
+           (DISTILL + "::test_features_kept_from_decoding_equal_a_teacher_forced_pass",)),
 )
 
 
