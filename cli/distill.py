@@ -18,7 +18,8 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
                    "the runtime check at the end.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds the prompt order, sampled answers, initialisation and batch order; with --prompts and "
-                   "--steps as recorded in the manifest, a run is repeated exactly.")
+                   "--steps as recorded in the manifest, a run is repeated exactly (its learning-rate curve too, "
+                   "unless the recorded run re-planned it: training.plan_history).")
 @click.option("--resume", is_flag=True,
               help="Keep the data and checkpoint of the last run on this artifact (in .NAME.distill/ beside it) "
                    "and train on for --minutes (from step 0 when that run stopped after making its data).")
