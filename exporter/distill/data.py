@@ -79,8 +79,9 @@ class FeatureRecorder:
         """
         width = max(len(ids) for ids in batch)
         last = torch.cat(self.last, dim=1)  # [B, width + calls - 1, H]
-        lower = torch.cat([torch.cat(self.lower[layer], dim=1) for layer in self.layers], dim=-1) if self.layers else None
-        chosen = torch.stack(self.argmax, dim=1)  # [B, calls]: the argmax after the last prompt token, then each answer token
+        lower = (torch.cat([torch.cat(self.lower[layer], dim=1) for layer in self.layers], dim=-1)
+                 if self.layers else None)
+        chosen = torch.stack(self.argmax, dim=1)  # [B, calls]: after the last prompt token, then after each answer token
         fed = last.shape[1] - width  # answer tokens fed back
         head = self.model.get_output_embeddings()
         examples = []

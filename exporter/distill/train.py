@@ -60,8 +60,9 @@ class TrainState:
 
 PLAN_AFTER_STEPS = 30  # steps timed before a deadline-only run plans its last step (warmup runs meanwhile)
 PLAN_MARGIN = 0.95  # of the steps the measured rate fits in the time left: the rate wanders, the deadline does not
-# A deadline run re-plans every eval_every_seconds until it is this far into its cosine, where the box's
-# speed has moved its last step by more than REPLAN_CHANGE (its first 30 steps once ran at 0.6x the later rate).
+# A deadline run re-plans every eval_every_seconds where the box's speed has moved its last step by more
+# than REPLAN_CHANGE (its first 30 steps once ran at 0.6x the later rate): earlier at any point (else the
+# deadline cuts the cosine short), later only until it is REPLAN_UNTIL into its cosine.
 REPLAN_UNTIL = 0.5
 REPLAN_CHANGE = 0.02
 
@@ -205,11 +206,12 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
 
     Under a deadline alone, the run's last step is planned from the step rate of its first
     PLAN_AFTER_STEPS (state.planned_steps), so the learning rate can decay towards it, and
-    re-planned from the rate since then while the cosine is in its first half (REPLAN_UNTIL;
-    state.plan_history); a run given `max_steps` follows one plan, so one that never re-planned
-    is repeated exactly by as many `max_steps`. Deterministic for a seed and a step
-    count (the batch order is drawn from the seed and the step number, so a resumed run draws
-    what an uninterrupted one would have; its schedule restarts from where it resumes).
+    re-planned from the rate of each eval interval since (later only while the cosine is in its
+    first half, earlier at any point; state.plan_history); a run given `max_steps` follows one
+    plan, so one that never re-planned is repeated exactly by as many `max_steps`. Deterministic
+    for a seed and a step count (the batch order is drawn from the seed and the step number, so
+    a resumed run draws what an uninterrupted one would have; its schedule restarts from where
+    it resumes).
     """
     device = next(head.parameters()).device
     bf16 = resolved_settings(settings, device.type).compute_dtype == "bfloat16"
@@ -229,11 +231,14 @@ def train_head(head: DraftHead, examples: list[Example], heldout: list[Example],
             state.planned_steps = planned_steps(state.step, state.step - first_step, now - began, deadline - now)
             state.plan_history.append([state.step, state.planned_steps])
             plan_step, plan_time, last_plan = state.step, now, now
-        elif (max_steps is None and state.plan_history and now - last_plan >= settings.eval_every_seconds
-              and _schedule_progress(settings, state.step, first_step, state.planned_steps) < REPLAN_UNTIL):
+        elif max_steps is None and state.plan_history and now - last_plan >= settings.eval_every_seconds:
             last_plan = now
+            # The rate of the last interval: a run that slows late must still end its cosine by the deadline.
             replanned = planned_steps(state.step, state.step - plan_step, now - plan_time, deadline - now)
-            if abs(replanned - state.planned_steps) > REPLAN_CHANGE * state.planned_steps:
+            plan_step, plan_time = state.step, now
+            early = _schedule_progress(settings, state.step, first_step, state.planned_steps) < REPLAN_UNTIL
+            if (abs(replanned - state.planned_steps) > REPLAN_CHANGE * state.planned_steps
+                    and (replanned < state.planned_steps or early)):
                 state.planned_steps = replanned
                 state.plan_history.append([state.step, replanned])
         started = time.monotonic()

@@ -371,9 +371,9 @@ def test_a_deadline_run_plans_its_last_step_and_max_steps_repeats_it(monkeypatch
     assert repeated.planned_steps == planned.step and torch.equal(weights, again)
 
 
-def test_a_deadline_run_replans_when_the_machine_speeds_up(monkeypatch):
-    """A run whose steps get faster after its first plan moves its last step out (and so uses its time),
-    while its cosine is in the first half; the plans are recorded."""
+def test_a_deadline_run_replans_as_the_machine_speeds_up_or_slows_down(monkeypatch):
+    """A run whose steps get faster early moves its last step out (and so uses its time); one that slows late in
+    its cosine pulls it in (and so still ends its cosine by the deadline); the plans are recorded."""
     import types
 
     import torch
@@ -383,28 +383,37 @@ def test_a_deadline_run_replans_when_the_machine_speeds_up(monkeypatch):
     from specdec.exporter.distill.draft_model import DraftConfig, DraftHead
     from specdec.exporter.distill.train import PLAN_AFTER_STEPS, TrainSettings, TrainState, train_head
 
-    readings = {"n": 0}
+    def run(seconds_per_reading):
+        clock = {"n": 0, "now": 0.0}
 
-    def monotonic():  # 10 ms per reading for the first 300 readings, then 4 ms: the box speeds up
-        readings["n"] += 1
-        n = readings["n"]
-        return 0.01 * min(n, 300) + 0.004 * max(0, n - 300)
+        def monotonic():
+            clock["now"] += seconds_per_reading(clock["n"])
+            clock["n"] += 1
+            return clock["now"]
 
-    monkeypatch.setattr(train, "time", types.SimpleNamespace(monotonic=monotonic))
-    rng = np.random.default_rng(0)
-    examples = [Example(rng.integers(0, 50, 20), rng.standard_normal((20, 16)).astype(np.float16),
-                        rng.integers(0, 50, 20), 5, False) for _ in range(6)]
-    config = DraftConfig(16, 2, 1, 8, 32, 10000.0, 1e-6, 50, 40)
-    settings = TrainSettings(batch_size=3, compute_dtype="float32", schedule="cosine", warmup_steps=5,
-                             eval_every_seconds=0.5)
-    torch.manual_seed(0)
-    state, _ = train_head(DraftHead(config, torch.arange(40)), examples, examples[:2], settings, TrainState(), 0,
-                          10.0, None)
+        monkeypatch.setattr(train, "time", types.SimpleNamespace(monotonic=monotonic))
+        rng = np.random.default_rng(0)
+        examples = [Example(rng.integers(0, 50, 20), rng.standard_normal((20, 16)).astype(np.float16),
+                            rng.integers(0, 50, 20), 5, False) for _ in range(6)]
+        config = DraftConfig(16, 2, 1, 8, 32, 10000.0, 1e-6, 50, 40)
+        settings = TrainSettings(batch_size=3, compute_dtype="float32", schedule="cosine", warmup_steps=5,
+                                 eval_every_seconds=0.5)
+        torch.manual_seed(0)
+        state, _ = train_head(DraftHead(config, torch.arange(40)), examples, examples[:2], settings, TrainState(),
+                              0, 10.0, None)
+        return state, train.time.monotonic()
+
+    # 10 ms per clock reading for the first 300 readings, then 4 ms: the box speeds up early.
+    state, _ = run(lambda n: 0.01 if n < 300 else 0.004)
     first_plan = state.plan_history[0]
     assert first_plan[0] == PLAN_AFTER_STEPS and len(state.plan_history) >= 2
     assert state.planned_steps > 1.5 * first_plan[1]  # the later, faster steps fit more of them
     assert state.step == state.planned_steps  # ...and the run still ends on its plan, before the deadline
     assert all(later[1] > earlier[1] for earlier, later in zip(state.plan_history, state.plan_history[1:]))
+    # 4 ms, then 10 ms from reading 1,500 on: it slows late in its cosine and pulls its last step in.
+    state, ended = run(lambda n: 0.004 if n < 1500 else 0.01)
+    assert state.plan_history[-1][1] < state.plan_history[0][1] and state.plan_history[-1][0] > 0.5 * state.step
+    assert state.step == state.planned_steps and ended < 10.0  # the cosine ends by the deadline
 
 
 def test_resume_trains_on_from_the_checkpoint(distilled_artifact, tmp_path):
