@@ -134,7 +134,6 @@ def _decode(model, batch: list[list[int]], eos_ids: list[int], pad: int, max_new
     width = max(len(ids) for ids in batch)
     input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
-    torch.manual_seed(seed)
     sampler = LogitsProcessorList([InverseCdfSampler(temperature, seed, device)] if temperature > 0 else [])
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
