@@ -79,8 +79,12 @@ def _precision(engine) -> str:
     """Return how the int4 target computes: MatMulNBits accuracy level, and how its steps are kept exact."""
     spec = engine.target.spec
     level = spec.optimization.get("quantization", {}).get("accuracy_level", "?")
-    exact = (f"attention over 2+ query rows (attention_pad_rows {spec.attention_pad_rows})" if spec.attention_pad_rows
-             else f"min_rows {spec.min_rows}")
+    parts = []
+    if spec.attention_pad_rows:
+        parts.append(f"attention over 2+ query rows (attention_pad_rows {spec.attention_pad_rows})")
+    if spec.min_rows > 1:  # the export found 1-row MatMuls rounding apart too: every call padded
+        parts.append(f"every call over {spec.min_rows}+ rows (min_rows {spec.min_rows})")
+    exact = ", ".join(parts) or "1-row calls as they are"
     return f"MatMulNBits accuracy level {level}, {exact}"
 
 
