@@ -209,6 +209,9 @@ def inspect(artifact, as_json, no_verify) -> None:
                    "default: 1 under '-k auto', which learns whether they pay, else 2).")
 @click.option("--ngram-max", type=int, default=DEFAULTS.ngram_max, show_default=True,
               help="n-gram drafter: longest context suffix to look up (longer matches are tried first).")
+@click.option("--phrases/--no-phrases", default=DEFAULTS.phrases, show_default=True,
+              help="n-gram drafter: where the context has no match of 2+ tokens, propose the target's usual "
+                   "continuation from the artifact's phrase table (built by `specdec phrases`; no effect without one).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template as a user message.")
 @click.option("--stop", "stop_strings", multiple=True, metavar="TEXT", help="Stop when this text appears (repeatable).")
 @click.option("--provider", type=click.Choice(PROVIDER_CHOICES), default="auto", show_default=True,
@@ -223,7 +226,7 @@ def inspect(artifact, as_json, no_verify) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, finish reason, stats).")
 @one_line_errors
 def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, num_draft_tokens, drafter,
-             no_draft, max_draft_tokens_auto, ngram_min, ngram_max, chat, stop_strings, provider, threads,
+             no_draft, max_draft_tokens_auto, ngram_min, ngram_max, phrases, chat, stop_strings, provider, threads,
              shared_threads, verbose, as_json) -> None:
     """Generate a completion of PROMPT with the artifact in ARTIFACT, streaming the text."""
     from specdec.runtime.engine import Engine
@@ -239,6 +242,7 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
         max_draft_tokens_auto=max_draft_tokens_auto,
         ngram_min=ngram_min,
         ngram_max=ngram_max,
+        phrases=phrases,
         stop_strings=tuple(stop_strings),
         chat=chat,
     )
@@ -347,6 +351,9 @@ main.add_command(serve)
 from specdec.cli.distill import distill  # noqa: E402
 
 main.add_command(distill)
+from specdec.cli.phrases import phrases  # noqa: E402
+
+main.add_command(phrases)
 
 if __name__ == "__main__":
     main()

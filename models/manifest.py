@@ -189,6 +189,24 @@ class FeatureDraftSpec:
 
 
 @dataclass(frozen=True)
+class PhraseTableSpec:
+    """`specdec phrases`' table of the target's own usual continuations (runtime/phrases.py).
+
+    Only token ids are in it, so it fits any graph of the same tokenizer; `built` records what
+    made it (answers, tokens, minutes, seed, the counting settings, the target graph's sha256).
+    """
+
+    files: list[str]  # the table (.npz), relative to the artifact
+    sha256: dict[str, str]
+    built: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def table_file(self) -> str:
+        """Return the path of the table (.npz), relative to the artifact."""
+        return self.files[0]
+
+
+@dataclass(frozen=True)
 class RuntimeDefaults:
     """What the runtime starts from when the caller does not say: written by the exporter and `specdec tune`."""
 
@@ -221,6 +239,7 @@ class Manifest:
     runtime_defaults: RuntimeDefaults = field(default_factory=RuntimeDefaults)
     version: int = MANIFEST_VERSION
     feature_draft: FeatureDraftSpec | None = None  # `specdec distill`'s trained draft head, if any
+    phrase_table: PhraseTableSpec | None = None  # `specdec phrases`' table for the n-gram drafter, if any
 
     def graphs(self) -> list[GraphSpec]:
         """Return the target spec, then the draft spec if there is one."""
@@ -232,6 +251,8 @@ class Manifest:
         body.pop("version")
         if self.feature_draft is None:
             body.pop("feature_draft")  # artifacts without one read as before
+        if self.phrase_table is None:
+            body.pop("phrase_table")
         body["runtime_defaults"] = self.runtime_defaults.to_dict()
         return {"format": MANIFEST_FORMAT, "version": self.version, **body}
 
@@ -369,7 +390,17 @@ def manifest_from_dict(data: Any) -> Manifest:
         runtime_defaults=_runtime_defaults_from_dict(_get(data, "runtime_defaults", (dict,), "", True) or {}),
         version=version,
         feature_draft=_feature_draft_from_dict(data["feature_draft"]) if data.get("feature_draft") else None,
+        phrase_table=_phrase_table_from_dict(data["phrase_table"]) if data.get("phrase_table") else None,
     )
+
+
+def _phrase_table_from_dict(data: Any) -> PhraseTableSpec:
+    where = "phrase_table"
+    spec = PhraseTableSpec(files=_get(data, "files", (list,), where), sha256=_get(data, "sha256", (dict,), where),
+                           built=_get(data, "built", (dict,), where, True) or {})
+    if len(spec.files) != 1 or not isinstance(spec.files[0], str) or spec.files[0] not in spec.sha256:
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' must hold the table's path, with its sha256")
+    return spec
 
 
 def _feature_draft_from_dict(data: Any) -> FeatureDraftSpec:
@@ -485,6 +516,8 @@ def verify_checksums(artifact_dir: str | os.PathLike, manifest: Manifest) -> Non
         listed.update(graph.sha256)
     if manifest.feature_draft is not None:
         listed.update(manifest.feature_draft.sha256)
+    if manifest.phrase_table is not None:
+        listed.update(manifest.phrase_table.sha256)
     for rel, expected in listed.items():
         path = folder / rel
         if not path.is_file():

@@ -35,6 +35,9 @@ class GenerationConfig:
     # miss), 1 under "auto", which learns whether they pay (docs/DESIGN.md, "Defaults").
     ngram_min: int | None = None
     ngram_max: int = 4  # n-gram drafter: longest suffix to match
+    # n-gram drafter: where the context has no 2+-token match, propose the target's usual continuation
+    # from the artifact's phrase table (`specdec phrases`), if it has one.
+    phrases: bool = True
     stop_strings: tuple[str, ...] = ()
     chat: bool = False  # wrap the prompt in the artifact's chat template
 
@@ -53,8 +56,9 @@ class GenerationConfig:
                 raise GenerationError(f"{name} must be an integer, got {value!r}")
         if self.seed < 0:
             raise GenerationError(f"seed must be >= 0, got {self.seed}")
-        if not isinstance(self.chat, bool):
-            raise GenerationError(f"chat must be True or False, got {self.chat!r}")
+        for name in ("chat", "phrases"):
+            if not isinstance(getattr(self, name), bool):
+                raise GenerationError(f"{name} must be True or False, got {getattr(self, name)!r}")
         # A bare string would be read as one stop string per character.
         if not isinstance(self.stop_strings, (tuple, list)) or not all(
                 isinstance(s, str) and s for s in self.stop_strings):

@@ -21,7 +21,8 @@ from typing import Protocol
 import numpy as np
 
 from specdec.runtime.kv_cache import KVCache
-from specdec.runtime.ngram import NgramIndex
+from specdec.runtime.ngram import PHRASE_TABLE, NgramIndex
+from specdec.runtime.phrases import PhraseTable
 from specdec.runtime.sampling import SamplingConfig, process_logits, sample_token
 from specdec.runtime.session import ModelSession
 
@@ -141,29 +142,41 @@ class ModelDrafter:
 class NgramDrafter:
     """Prompt-lookup drafting: copies what followed the latest earlier match of the context's suffix.
 
-    A deterministic proposal: q is one-hot, so acceptance is p(x) and the residual is p
-    without x; the output stays exactly the target's.
+    With a phrase table (runtime/phrases.py), where the context has no 2+-token match the
+    target's own usual continuation is proposed instead. A deterministic proposal either way:
+    q is one-hot, so acceptance is p(x) and the residual is p without x; the output stays
+    exactly the target's.
     """
 
     name = "ngram"
     stats = DrafterStats()
 
-    def __init__(self, min_n: int = 1, max_n: int = 4):
+    def __init__(self, min_n: int = 1, max_n: int = 4, phrases: PhraseTable | None = None):
         self.index = NgramIndex(min_n=min_n, max_n=max_n)
+        self.phrases = phrases
 
     def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Index the prompt."""
         self._catch_up(prompt_ids)
 
     def situation(self, context: list[int]) -> str:
-        """Return how the matched n-gram continued before: one of ngram.SITUATIONS (+ ONE_TOKEN_MATCH)."""
+        """Return how the matched n-gram continued before: one of ngram.SITUATIONS (+ ONE_TOKEN_MATCH),
+        or PHRASE_TABLE where the phrase table will propose."""
         self._catch_up(context)
+        if self._phrase_proposal(context, 1):
+            return PHRASE_TABLE
         return self.index.situation()
 
     def propose(self, context: list[int], k: int) -> Proposal:
-        """Return up to k tokens from the n-gram index ([] when nothing recurs)."""
+        """Return up to k tokens from the n-gram index, or from the phrase table ([] when neither has any)."""
         self._catch_up(context)
-        return Proposal(self.index.propose(k), None)
+        return Proposal(self._phrase_proposal(context, k) or self.index.propose(k), None)
+
+    def _phrase_proposal(self, context: list[int], k: int) -> list[int]:
+        # A 2+-token match in the context itself beats the target's general habits.
+        if self.phrases is None or self.index.match_length() >= 2:
+            return []
+        return self.phrases.propose(context, k)
 
     def _catch_up(self, context: list[int]) -> None:
         # Committed context only grows, so the index takes just the new tail.

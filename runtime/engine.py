@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from specdec.models.errors import GenerationError
+from specdec.models.errors import ArtifactError, GenerationError
 from specdec.models.manifest import Manifest, load_manifest
 from specdec.runtime.calibration import calibrate
 from specdec.runtime.config import DEFAULT_DRAFT_TOKENS, GenerationConfig, check_token_ids
@@ -20,6 +20,7 @@ from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec.runtime.eagle import EagleDrafter, EagleHead
 from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeRequest, Iteration, decode
+from specdec.runtime.phrases import PhraseTable
 from specdec.runtime.providers import shared_pool, shared_pool_threads
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.session import ModelSession
@@ -74,6 +75,7 @@ class Engine:
         # `specdec distill`'s trained head; a head trained for another target is refused here, in one line.
         self.eagle = (EagleHead(artifact_dir, manifest.feature_draft, manifest.target, self.target.vocab_limit,
                                 provider, threads) if manifest.feature_draft else None)
+        self.phrases = _load_phrases(artifact_dir, manifest, vocab)  # None: the artifact has no phrase table
         self.eos_token_ids = set(manifest.tokenizer.eos_token_ids)
         # One cost curve per engine, learned across requests: it is a fact of this machine and
         # model, and a single 128-token request is too short to time every call length.
@@ -186,7 +188,8 @@ class Engine:
             if kind == "model":
                 return model
             return CombinedDrafter(NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max), model)
-        return NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max)
+        return NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max,
+                            phrases=self.phrases if config.phrases else None)
 
     def _draft_length(self, config: GenerationConfig) -> tuple[FixedDraftLength | AdaptiveDraftLength, str]:
         k = config.num_draft_tokens
@@ -255,3 +258,15 @@ class Engine:
         stats.total_seconds = time.perf_counter() - start
         stats.new_tokens = len(generated)
         stream.result = GenerationResult(stop_filter.final_text, generated, ids, finish, stats)
+
+
+def _load_phrases(artifact_dir: Path, manifest: Manifest, vocab_size: int) -> PhraseTable | None:
+    """Return the artifact's phrase table (None: it has none); raise ArtifactError for an unreadable one."""
+    if manifest.phrase_table is None:
+        return None
+    path = Path(artifact_dir) / manifest.phrase_table.table_file
+    try:
+        return PhraseTable.load(path, vocab_size)
+    except ValueError as err:
+        raise ArtifactError(f"phrase table '{manifest.phrase_table.table_file}' cannot be read: {err}; "
+                            "rebuild it with `specdec phrases`") from None

@@ -30,6 +30,7 @@ SEEN_ONCE = "seen once"  # the matched n-gram occurred once before
 REPEATED = "repeated"  # it occurred several times, followed by the same token every time
 AMBIGUOUS = "ambiguous"  # it occurred several times, followed by different tokens
 SITUATIONS = (NO_MATCH, SEEN_ONCE, REPEATED, AMBIGUOUS)
+PHRASE_TABLE = "phrase table"  # no 2+-token match in the context: the target's own phrasing proposes (runtime/phrases.py)
 # A match of a single token is a much weaker hint than one of two or more, so it gets labels
 # of its own (under min_n = 1 only): "seen once, 1-token match" and so on.
 ONE_TOKEN_MATCH = ", 1-token match"
@@ -78,6 +79,10 @@ class NgramIndex:
         """Return what `propose` would copy from: one of SITUATIONS, + ONE_TOKEN_MATCH for a 1-token match."""
         _, situation, n = self._longest_match()
         return situation + ONE_TOKEN_MATCH if n == 1 else situation
+
+    def match_length(self) -> int:
+        """Return the length of the longest recurring suffix (0: none)."""
+        return self._longest_match()[2]
 
     def _longest_match(self) -> tuple[int | None, str, int]:
         """Return (follower position, situation, n) of the longest recurring suffix ((None, NO_MATCH, 0): none)."""

@@ -13,6 +13,7 @@ import pytest
 
 from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.engine import Engine, GenerationConfig
+from specdec.runtime.phrases import PhraseTable, PhraseTableConfig
 from specdec.runtime.sampling import SamplingConfig, process_logits
 
 from tests.runtime.helpers import greedy, near_tie_mismatches
@@ -247,6 +248,8 @@ def near_engine(tiny_near_draft_artifact):
     ("ngram", dict(temperature=1.5, top_k=3, top_p=0.95), 2),
     # auto picks K from the n-gram match's situation before drafting: still only from the past
     ("ngram", dict(temperature=1.5, top_k=3, top_p=0.95), "auto"),
+    # the phrase table proposes where the context holds nothing to copy (one-hot q, like prompt lookup)
+    ("phrases", dict(temperature=1.5, top_k=3, top_p=0.95), 2),
 ])
 def test_sampled_speculative_matches_target_distribution(near_engine, drafter, settings, k, monkeypatch):
     """Chi-square test of the first four tokens' joint distribution against the exact target one.
@@ -267,6 +270,11 @@ def test_sampled_speculative_matches_target_distribution(near_engine, drafter, s
     if drafter == "ngram":  # the target's greedy output repeats itself: the n-gram drafter copies from it
         prompt_ids = engine.prompt_ids("Hello world!")
         prompt_ids += greedy(engine, prompt_ids, drafter="none", max_new_tokens=40).token_ids
+    if drafter == "phrases":  # a table of the target's own greedy answer; the prompt has nothing to copy
+        prompt_ids = engine.prompt_ids("Hello world!")
+        answer = greedy(engine, prompt_ids, drafter="none", max_new_tokens=40).token_ids
+        monkeypatch.setattr(engine, "phrases", PhraseTable.count([answer], PhraseTableConfig(min_count=1)))
+        drafter = "ngram"
     sampling = SamplingConfig(**settings)
     exact = _target_joint(engine, prompt_ids, sampling, depth=4)
     runs = 3000
