@@ -9,7 +9,7 @@ EXPORT_FLAGS ?= --greedy-head
 # A grounded prompt: the answer copies from the prompt, which is where prompt-lookup drafting shines.
 PROMPT ?= Rewrite this in simpler words, keeping every fact: The committee approved the budget on Tuesday after a long debate. The new budget increases funding for public libraries by ten percent and for school buses by five percent, and it cuts spending on road repairs.
 
-.PHONY: install test test-fast demo bench bench-quick bench-heldout anchors-genai device-kit distill mutants clean
+.PHONY: install test test-fast demo bench bench-quick bench-heldout anchors-genai device-kit distill phrases mutants clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,14 @@ SEED ?= 0
 distill: $(STAMP) $(ARTIFACT)/specdec.json
 	test -f $(DISTILL_ARTIFACT)/specdec.json || cp -r $(ARTIFACT) $(DISTILL_ARTIFACT)
 	$(BIN)/specdec distill $(DISTILL_ARTIFACT) --minutes $(MINUTES) --seed $(SEED) $(DISTILL_FLAGS)
+
+# A phrase table for SmolLM2 (specdec phrases, docs/PHRASES.md), in a copy of the artifact: what the target
+# usually writes next, the n-gram drafter's second source where the prompt has nothing to copy. No training.
+PHRASES_ARTIFACT ?= artifacts/phrases-smollm2
+PHRASES_MINUTES ?= 12
+phrases: $(STAMP) $(ARTIFACT)/specdec.json
+	test -f $(PHRASES_ARTIFACT)/specdec.json || cp -r $(ARTIFACT) $(PHRASES_ARTIFACT)
+	$(BIN)/specdec phrases $(PHRASES_ARTIFACT) --minutes $(PHRASES_MINUTES) --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) artifacts benchmarks/out

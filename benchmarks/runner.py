@@ -23,6 +23,7 @@ class BenchConfig:
     name: str
     drafter: str  # "none", "model" or "ngram"
     num_draft_tokens: int | str | None = None
+    phrases: bool = False  # n-gram drafter: also the artifact's phrase table (off: prompt lookup alone)
 
 
 @dataclass
@@ -37,12 +38,16 @@ class Run:
 
 
 def configurations(engine: Engine, k: int) -> list[BenchConfig]:
-    """Return target-only, then each available drafter at fixed K and at auto."""
+    """Return target-only, then each available drafter at fixed K and at auto (n-gram: prompt lookup alone, and
+    with the artifact's phrase table where it has one)."""
     configs = [BenchConfig(BASELINE, "none")]
     drafters = (["model"] if engine.draft is not None else []) + ["ngram"]
     for drafter in drafters:
         configs.append(BenchConfig(f"{drafter} K={k}", drafter, k))
         configs.append(BenchConfig(f"{drafter} auto", drafter, "auto"))
+    if getattr(engine, "phrases", None) is not None:
+        configs.append(BenchConfig(f"ngram+phrases K={k}", "ngram", k, phrases=True))
+        configs.append(BenchConfig("ngram+phrases auto", "ngram", "auto", phrases=True))
     return configs
 
 
@@ -61,7 +66,7 @@ def run_bench(engine: Engine, prompts: Sequence[PromptCase], configs: Sequence[B
                 progress(f"[{len(runs) + 1}/{total}] repeat {repeat + 1}, {case.id}: {config.name}")
                 result = engine.generate(case.prompt, GenerationConfig(
                     max_new_tokens=max_new_tokens, drafter=config.drafter,
-                    num_draft_tokens=config.num_draft_tokens, chat=case.chat))
+                    num_draft_tokens=config.num_draft_tokens, phrases=config.phrases, chat=case.chat))
                 runs.append(Run(repeat, case, config, result.token_ids, result.stats))
     return runs
 

@@ -170,6 +170,16 @@ def inspect(artifact, as_json, no_verify) -> None:
                        "(export with --exact-steps for bit-identical)")
     if manifest.draft is None:
         click.echo("  draft  none (the runtime drafts by prompt lookup)")
+    if manifest.feature_draft is not None:
+        click.echo(f"  draft head ({manifest.feature_draft.kind}): {manifest.feature_draft.graph_file}, "
+                   f"{manifest.feature_draft.vocab_subset} ids (`specdec distill`)")
+    if manifest.phrase_table is not None:
+        built = manifest.phrase_table.built
+        held = built.get("heldout", {})
+        click.echo(f"  phrase table: {manifest.phrase_table.table_file}, {built.get('confident_contexts', '?')} confident "
+                   f"contexts from {built.get('answers', '?')} answers ({built.get('tokens', '?')} tokens)"
+                   + (f"; held-out: proposes at {held['proposes']:.1%} of positions, first token right "
+                      f"{held['first_right']:.1%}" if held else ""))
     tok = manifest.tokenizer
     click.echo(f"  tokenizer: vocab {tok.vocab_size}, eos {tok.eos_token_ids}, bos {tok.bos_token_id}, "
                f"chat template {'yes' if tok.chat_template else 'no'}")

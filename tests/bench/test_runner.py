@@ -116,3 +116,18 @@ def test_time_shares_pool_the_repeats_and_never_pass_the_whole():
             new_tokens=9, target_seconds=target, prefill_seconds=prefill, total_seconds=total)))
     row = next(r for r in summarize(runs) if r["config"] == "ngram K=4")
     assert abs(row["target_share"] - 1.0) < 1e-12 and row["draft_share"] == 0.0 and row["other_share"] < 1e-12
+
+
+def test_configurations_add_the_phrase_table_where_the_artifact_has_one():
+    from types import SimpleNamespace
+
+    from specdec.benchmarks.runner import configurations
+    from specdec.runtime.phrases import PhraseTable
+
+    plain = configurations(SimpleNamespace(draft=None, phrases=None), 4)
+    assert [(c.name, c.phrases) for c in plain] == [("target-only", False), ("ngram K=4", False),
+                                                    ("ngram auto", False)]
+    table = PhraseTable({(1,): 2}, 4)
+    phrased = configurations(SimpleNamespace(draft=None, phrases=table), 4)
+    assert [(c.name, c.drafter, c.phrases) for c in phrased[3:]] == [("ngram+phrases K=4", "ngram", True),
+                                                                    ("ngram+phrases auto", "ngram", True)]

@@ -34,6 +34,8 @@ def test_table_is_recorded_and_checked(phrased):
     assert built["answers"] == 12 and built["tokens"] > 12 and built["confident_contexts"] > 0
     assert 0.0 <= built["heldout"]["proposes"] <= 1.0 and built["heldout"]["positions"] > 0
     assert sorted(p.name for p in art.iterdir() if p.name.startswith(("phrases-", "."))) == [manifest.phrase_table.table_file]
+    shown = CliRunner().invoke(main, ["inspect", str(art)])
+    assert shown.exit_code == 0 and f"phrase table: {manifest.phrase_table.table_file}" in shown.output
 
 
 def test_greedy_output_with_the_table_equals_target_only(phrased):
