@@ -23,6 +23,10 @@ DEFAULTS = PhraseTableConfig()
               help="Seeds the order of the shipped prompts; with --prompts, a run is repeated exactly.")
 @click.option("--prompts", type=click.IntRange(min=1), default=None,
               help="Prompts the target answers (default: as many as --minutes allows).")
+@click.option("--prompts-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="JSON lines with a \"prompt\" field each (the format of `specdec bench --prompts`), answered "
+                   "instead of the shipped prompts: e.g. a sample of your own traffic, where the table is right "
+                   "more often than on the shipped prompts' styles.")
 @click.option("--max-new-tokens", type=click.IntRange(min=8), default=160, show_default=True,
               help="Longest answer the target writes per prompt.")
 @click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
@@ -37,7 +41,8 @@ DEFAULTS = PhraseTableConfig()
               help="CPU threads for PyTorch (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the table's record (the manifest's entry) as JSON.")
 @one_line_errors
-def phrases(artifact: Path, minutes: float, seed: int, prompts: int | None, max_new_tokens: int, batch: int,
+def phrases(artifact: Path, minutes: float, seed: int, prompts: int | None, prompts_file: Path | None,
+            max_new_tokens: int, batch: int,
             max_n: int, min_count: int, min_share: float, threads: int | None, as_json: bool) -> None:
     """Have ARTIFACT's target answer shipped prompts and write a table of its usual continuations into it.
 
@@ -49,7 +54,7 @@ def phrases(artifact: Path, minutes: float, seed: int, prompts: int | None, max_
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as in `specdec distill`: no spinning at OpenMP barriers
     from specdec.exporter.phrases import PhrasesConfig, build_phrases
 
-    config = PhrasesConfig(artifact=artifact, minutes=minutes, seed=seed, prompts=prompts,
+    config = PhrasesConfig(artifact=artifact, minutes=minutes, seed=seed, prompts=prompts, prompts_file=prompts_file,
                            max_new_tokens=max_new_tokens, batch_size=batch, threads=threads,
                            table=PhraseTableConfig(max_n=max_n, min_count=min_count, min_share=min_share))
     manifest = build_phrases(config, progress=elapsed_progress())

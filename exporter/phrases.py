@@ -20,6 +20,7 @@ from typing import Callable
 from specdec.models.errors import ExportError
 from specdec.models.manifest import MANIFEST_FILENAME, Manifest, PhraseTableSpec, load_manifest, sha256_of_file
 from specdec.runtime.phrases import PhraseTable, PhraseTableConfig
+from specdec.runtime.prompts import load_prompts
 
 Progress = Callable[[str], None]
 HELDOUT_PROMPTS = 16  # answered after the counted ones, to say how often the table is right on new topics
@@ -33,6 +34,7 @@ class PhrasesConfig:
     minutes: float = 10.0  # the whole run: loading, answering, counting, the held-out check
     seed: int = 0  # the order of the shipped prompts
     prompts: int | None = None  # prompts to answer; None: as many as the budget allows
+    prompts_file: Path | None = None  # JSON lines with a "prompt" each, answered instead of the shipped prompts
     max_new_tokens: int = 160  # longest answer per prompt
     batch_size: int = 64  # prompts answered at once
     threads: int | None = None  # PyTorch's CPU threads; None: its default
@@ -71,7 +73,21 @@ def check_config(config: PhrasesConfig) -> Manifest:
         raise ExportError(f"--prompts must be >= 1, got {config.prompts}")
     if config.table.max_n < 1 or config.table.min_count < 1 or not 0.0 <= config.table.min_share <= 1.0:
         raise ExportError(f"need max_n >= 1, min_count >= 1 and 0 <= min_share <= 1, got {config.table}")
-    return load_manifest(config.artifact)
+    manifest = load_manifest(config.artifact)
+    if config.prompts_file is not None:
+        load_prompts(config.prompts_file)  # a bad file is refused before the slow steps
+    return manifest
+
+
+def _prompts(config: PhrasesConfig) -> tuple[list[str], str]:
+    """Return the prompts to answer, in order, and how the manifest names them."""
+    from specdec.exporter.distill.prompts import training_prompts
+
+    if config.prompts_file is not None:
+        prompts = [case.prompt for case in load_prompts(config.prompts_file)]
+        return prompts[: config.prompts or len(prompts)], f"{Path(config.prompts_file).name}, greedy answers"
+    return (training_prompts(config.prompts or 1_000_000, config.seed),
+            "specdec.exporter.distill.prompts.training_prompts (templates x topics), greedy answers")
 
 
 def build_phrases(config: PhrasesConfig, progress: Progress = print) -> Manifest:
@@ -83,7 +99,7 @@ def build_phrases(config: PhrasesConfig, progress: Progress = print) -> Manifest
     import torch
 
     from specdec.exporter.distill.data import generate_answers, generator_dtype, use_grouped_attention
-    from specdec.exporter.distill.prompts import heldout_prompts, training_prompts
+    from specdec.exporter.distill.prompts import heldout_prompts
     from specdec.exporter.sources import load_source
 
     start = time.monotonic()
@@ -99,7 +115,7 @@ def build_phrases(config: PhrasesConfig, progress: Progress = print) -> Manifest
         eos = list(manifest.tokenizer.eos_token_ids)
         # The held-out check gets a share of the budget, after the counted answers.
         deadline = start + 0.85 * config.minutes * 60
-        prompts = training_prompts(config.prompts or 1_000_000, config.seed)
+        prompts, source = _prompts(config)
         with torch.inference_mode():
             counted = generate_answers(
                 model, tokenizer, prompts, eos, config.max_new_tokens, 0.0, config.batch_size, config.seed,
@@ -119,7 +135,7 @@ def build_phrases(config: PhrasesConfig, progress: Progress = print) -> Manifest
              f"{check['proposes']:.1%} of positions, first token right {check['first_right']:.1%}")
     built = {"answers": len(answers), "tokens": tokens, "minutes": round((time.monotonic() - start) / 60, 2),
              "seed": config.seed, "max_new_tokens": config.max_new_tokens,
-             "prompts": "specdec.exporter.distill.prompts.training_prompts (templates x topics), greedy answers",
+             "prompts": source,
              "max_n": config.table.max_n, "min_count": config.table.min_count, "min_share": config.table.min_share,
              "contexts": len(table.followers), "confident_contexts": table.confident_contexts(),
              "heldout": check, "target_graph_sha256": manifest.target.sha256[manifest.target.graph_file]}

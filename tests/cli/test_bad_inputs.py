@@ -117,6 +117,8 @@ CLI_CASES = [
      ("export", "--target", "{ws}/nope", "--draft", "none", "--output", "{ws}/file.txt"), "is a file"),
     ("phrases with no time", None, ("phrases", "{art}", "--minutes", "0"), "--minutes must be > 0"),
     ("phrases on a missing artifact", None, ("phrases", "{ws}/none"), "does not exist"),
+    ("phrases with a broken prompts file", _write("q.jsonl", "just text\n"),
+     ("phrases", "{art}", "--prompts-file", "{ws}/q.jsonl"), r"q\.jsonl:1"),
     ("tune with a broken prompts file", _write("p.jsonl", '{"text": "no prompt field"}\n'),
      ("tune", "{art}", "--prompts", "{ws}/p.jsonl", "--provider", "cpu"), r"p\.jsonl:1"),
 ]

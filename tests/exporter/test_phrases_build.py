@@ -71,6 +71,17 @@ def test_rebuilding_replaces_the_table_and_a_broken_one_is_refused(phrased, tmp_
         Engine.load(art, provider="cpu", check_files=False)
 
 
+def test_prompts_from_a_file(tiny_target_only_artifact, tmp_path):
+    art = tmp_path / "art"
+    shutil.copytree(tiny_target_only_artifact, art)
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about item {i}."}) + "\n" for i in range(3)))
+    result = CliRunner().invoke(main, ["phrases", str(art), "--prompts-file", str(prompts), *ARGS[2:], "--json"])
+    assert result.exit_code == 0, result.output
+    built = load_manifest(art).phrase_table.built
+    assert built["answers"] == 3 and built["prompts"].startswith("mine.jsonl")
+
+
 def test_config_flag_is_validated():
     with pytest.raises(Exception, match="phrases must be True or False"):
         GenerationConfig(phrases="yes").validate()
