@@ -42,8 +42,8 @@ DEFAULTS = PhraseTableConfig()
 @click.option("--json", "as_json", is_flag=True, help="Print the table's record (the manifest's entry) as JSON.")
 @one_line_errors
 def phrases(artifact: Path, minutes: float, seed: int, prompts: int | None, prompts_file: Path | None,
-            max_new_tokens: int, batch: int,
-            max_n: int, min_count: int, min_share: float, threads: int | None, as_json: bool) -> None:
+            max_new_tokens: int, batch: int, max_n: int, min_count: int, min_share: float, threads: int | None,
+            as_json: bool) -> None:
     """Have ARTIFACT's target answer shipped prompts and write a table of its usual continuations into it.
 
     With the table, the n-gram drafter (`specdec generate --drafter ngram`) also proposes where the

@@ -7,6 +7,8 @@ An artifact folder holds:
     target/kv_slice.onnx    tiny graph that crops the target's KV cache on the device
                             (concat graphs only: a shared buffer rolls back by its length)
     draft/...               same for the draft model (absent with --draft none)
+    eagle-<sha>/            `specdec distill`'s draft head (optional)
+    phrases-<sha>.npz       `specdec phrases`' table of the target's usual continuations (optional)
     tokenizer/tokenizer.json, tokenizer_config.json, ...
 
 Loading a manifest checks every field's presence and type and names the first bad one.
