@@ -110,7 +110,8 @@ def build_phrases(config: PhrasesConfig, progress: Progress = print) -> Manifest
         progress(f"target: loading {manifest.target.source} into PyTorch")
         loaded = load_source(manifest.target.source, Path(scratch) / "target", False, manifest.target.revision)
         # As `specdec distill` makes its data: bf16 where the CPU has it natively, grouped-query decode steps.
-        model, tokenizer = loaded.model.to(generator_dtype("auto", "cpu")).eval(), loaded.tokenizer
+        dtype = generator_dtype("auto", "cpu")
+        model, tokenizer = loaded.model.to(dtype).eval(), loaded.tokenizer
         use_grouped_attention(model)
         eos = list(manifest.tokenizer.eos_token_ids)
         # The held-out check gets a share of the budget, after the counted answers.
@@ -135,7 +136,7 @@ def build_phrases(config: PhrasesConfig, progress: Progress = print) -> Manifest
              f"{check['proposes']:.1%} of positions, first token right {check['first_right']:.1%}")
     built = {"answers": len(answers), "tokens": tokens, "minutes": round((time.monotonic() - start) / 60, 2),
              "seed": config.seed, "max_new_tokens": config.max_new_tokens,
-             "prompts": source,
+             "prompts": source, "generator_dtype": str(dtype).removeprefix("torch."),
              "max_n": config.table.max_n, "min_count": config.table.min_count, "min_share": config.table.min_share,
              "contexts": len(table.followers), "confident_contexts": table.confident_contexts(),
              "heldout": check, "target_graph_sha256": manifest.target.sha256[manifest.target.graph_file]}

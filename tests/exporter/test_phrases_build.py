@@ -32,6 +32,7 @@ def test_table_is_recorded_and_checked(phrased):
     manifest = load_manifest(art, check_files=True)  # the table's sha256 included
     assert manifest.phrase_table.built == built
     assert built["answers"] == 12 and built["tokens"] > 12 and built["confident_contexts"] > 0
+    assert built["generator_dtype"] in ("float32", "bfloat16")
     assert 0.0 <= built["heldout"]["proposes"] <= 1.0 and built["heldout"]["positions"] > 0
     assert sorted(p.name for p in art.iterdir() if p.name.startswith(("phrases-", "."))) == [manifest.phrase_table.table_file]
     shown = CliRunner().invoke(main, ["inspect", str(art)])
