@@ -8,7 +8,6 @@ the manifest (the commit point), so a failed or interrupted run leaves the artif
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -148,23 +147,23 @@ def _write(artifact: Path, manifest: Manifest, table: PhraseTable, built: dict, 
     temporary = artifact / ".phrases.npz.tmp"
     try:
         table.save(temporary)
-        name = f"phrases-{hashlib.sha256(temporary.read_bytes()).hexdigest()[:12]}.npz"
+        digest = sha256_of_file(temporary)  # names the file and goes into the manifest: read once
+        name = f"phrases-{digest[:12]}.npz"
         os.replace(temporary, artifact / name)
     finally:
         temporary.unlink(missing_ok=True)
-    spec = PhraseTableSpec(files=[name], sha256={name: sha256_of_file(artifact / name)}, built=built)
-    updated = replace(manifest, phrase_table=spec)
+    old_file = manifest.phrase_table.table_file if manifest.phrase_table else None
+    updated = replace(manifest, phrase_table=PhraseTableSpec(files=[name], sha256={name: digest}, built=built))
     staged = artifact / (MANIFEST_FILENAME + ".tmp")
     try:
         staged.write_text(json.dumps(updated.to_dict(), indent=2) + "\n", encoding="utf-8")
         os.replace(staged, artifact / MANIFEST_FILENAME)
     except BaseException:
         staged.unlink(missing_ok=True)
-        if manifest.phrase_table is None or manifest.phrase_table.table_file != name:
+        if old_file != name:
             (artifact / name).unlink(missing_ok=True)  # the old manifest does not name it
         raise
-    old = manifest.phrase_table
-    if old is not None and old.table_file != name:
-        (artifact / old.table_file).unlink(missing_ok=True)
+    if old_file is not None and old_file != name:
+        (artifact / old_file).unlink(missing_ok=True)
     progress(f"wrote the phrase table into {artifact} ({name}); `specdec generate --drafter ngram` uses it")
     return updated
