@@ -39,6 +39,8 @@ ATTENTION_PAD = "tests/exporter/test_attention_rows.py"
 GREEDY_HEAD = "tests/runtime/test_greedy_head.py"
 BINDING = "tests/runtime/test_session_binding.py"
 DISTILL = "tests/distill/test_distill.py"
+EAGLE = "tests/distill/test_eagle_runtime.py"
+PHRASES = "tests/runtime/test_phrases.py"
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,28 @@ MUTANTS: tuple[Mutant, ...] = (
            "near = np.flatnonzero(approx_row >= approx_row.max() - 2 * widest)",
            "near = np.flatnonzero(approx_row >= approx_row.max() - widest)",
            (GREEDY_HEAD + "::test_near_top_candidates_are_argmax_candidates",)),
+    Mutant("eagle draft: q rows returned unprocessed (temperature/top-k/top-p on the draw, not on q)", "runtime/eagle.py",
+           "                rows.append(q)",
+           "                rows.append(process_logits(self.head.full_logits(logits[None]), SamplingConfig(1.0))[0])",
+           (EAGLE + "::test_sampled_q_is_zero_outside_the_subset_and_processed_like_p",
+            EAGLE + "::test_sampled_with_the_eagle_drafter_has_the_target_distribution")),
+    Mutant("eagle draft: the subset's index proposed instead of its token id", "runtime/eagle.py",
+           "token = int(self.head.subset[int(np.argmax(logits))])", "token = int(np.argmax(logits))",
+           (EAGLE + "::test_greedy_drafts_are_the_subsets_token_ids",)),
+    Mutant("eagle draft: drafted pairs left in its KV cache after the verify", "runtime/eagle.py",
+           "        self.key = self.key[:, :, : self.length]\n", "",
+           (EAGLE + "::test_pairs_positions_and_rollback",)),
+    Mutant("phrase table: a stop mark passed over for a shorter context", "runtime/phrases.py",
+           "            if token is not None:\n                return token",
+           "            if token is not None and token != STOP:\n                return token",
+           (PHRASES,)),
+    Mutant("phrase table: followers kept without the share threshold", "runtime/phrases.py",
+           "times >= config.min_count and times >= config.min_share * sum(counts.values())",
+           "times >= config.min_count", (PHRASES,)),
+    Mutant("n-gram drafter: the phrase table proposes over a 2+-token match in the context", "runtime/drafters.py",
+           "if self.phrases is None or self.index.match_length() >= 2:",
+           "if self.phrases is None:",
+           (PHRASES + "::test_drafter_copies_from_the_context_first_and_falls_back_on_the_table",)),
     Mutant("distill training: a run that slows late keeps its last step (the deadline cuts its cosine)",
            "exporter/distill/train.py", "and (replanned < state.planned_steps or early)):", "and early):",
            (DISTILL + "::test_a_deadline_run_replans_as_the_machine_speeds_up_or_slows_down",)),

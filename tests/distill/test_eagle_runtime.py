@@ -61,6 +61,17 @@ def test_pairs_positions_and_rollback():
     assert drafter.length == len(context) - 1
 
 
+def test_greedy_drafts_are_the_subsets_token_ids():
+    """The head scores its subset; a greedy draft is the full-vocabulary id of the subset's argmax."""
+    head = FakeHead()
+    head.subset = np.arange(0, 20, 2)  # subset row i is token 2i
+    drafter = EagleDrafter(head, SamplingConfig(), np.random.default_rng(0))
+    drafter.begin([1, 2], np.zeros((2, 3)))
+    # row argmax (last input + 1) % 10: 3 -> row 4 = token 8, then 8 -> row 9 = token 18
+    assert drafter.propose([1, 2, 3], 2).tokens == [8, 18]
+    assert head.calls[1][1] == [8]  # the head is fed the token id, not its subset row
+
+
 def test_sampled_q_is_zero_outside_the_subset_and_processed_like_p():
     head = FakeHead()
     head.subset = np.array([0, 2, 4, 6, 8, 10, 12, 14, 16, 18])

@@ -73,6 +73,12 @@ def test_drafter_copies_from_the_context_first_and_falls_back_on_the_table():
     copy = [5, 6, 7, 10, 99, 5, 6]  # (5, 6) recurs: prompt lookup copies 7, 10, 99
     assert drafter.situation(copy) == SEEN_ONCE
     assert drafter.propose(copy, 3).tokens == [7, 10, 99]
+    # Both have a proposal: the table would continue (10, 11) with 12, 13; the context's own copy wins.
+    both = [10, 11, 99, 5, 10, 11]
+    fresh = NgramDrafter(min_n=1, max_n=4, phrases=table)
+    fresh.begin(both)
+    assert table.propose(both, 2) == [12, 13]
+    assert fresh.situation(both) == SEEN_ONCE and fresh.propose(both, 2).tokens == [99, 5]
     plain = NgramDrafter(min_n=1, max_n=4)
     plain.begin(context)
     assert plain.propose(context, 3).tokens == [] and plain.situation(context) != PHRASE_TABLE
