@@ -36,6 +36,10 @@ class AcceptanceEstimate:
     alpha: float  # the current estimate
     accepted: float | None = None  # EWMA of accepted drafts per iteration (None: no test yet)
     tests: float = 0.0  # EWMA of acceptance tests per iteration
+    # Every test in this situation so far, the starting guess included: what the situation has
+    # shown over the request, which the EWMA forgets after a few rejections in a row.
+    accepted_total: float = 0.0
+    tests_total: float = 0.0
     plain_left: int = 0  # iterations in this situation still to decode plainly
     probe_next: bool = False  # probe with a short draft next time in this situation
     cost_ratio: float | None = None  # c of drafting here (cost_per_situation only; None: not measured yet)
@@ -72,7 +76,8 @@ class AdaptiveDraftLength:
     def estimate(self, situation: str = ANY_SITUATION) -> AcceptanceEstimate:
         """Return the acceptance estimate kept for `situation` (the starting guess if it is new)."""
         if situation not in self._estimates:
-            self._estimates[situation] = AcceptanceEstimate(self.alpha)
+            self._estimates[situation] = AcceptanceEstimate(self.alpha, accepted_total=self.alpha * self.prior_tests,
+                                                            tests_total=self.prior_tests)
         return self._estimates[situation]
 
     def choose(self, situation: str = ANY_SITUATION) -> int:
@@ -86,6 +91,11 @@ class AdaptiveDraftLength:
             return min(self.probe_k, self.max_k)
         k, speedup = self.best(situation)
         if k == 0 or speedup < 1.0:
+            # A few rejections in a row pull the EWMA below break-even even for a drafter that pays on
+            # average (alpha ~0.4 went plain 41% of the time in a simulation); pause only if the
+            # situation's whole record agrees.
+            k, speedup = self.best(situation, state.accepted_total / state.tests_total)
+        if k == 0 or speedup < 1.0:
             # This iteration and `cooldown - 1` more are plain; then one probe re-measures alpha.
             state.plain_left = self.cooldown - 1
             state.probe_next = True
@@ -97,11 +107,12 @@ class AdaptiveDraftLength:
         own = self.estimate(situation).cost_ratio if self.cost_per_situation else None
         return self.cost_ratio if own is None else own
 
-    def best(self, situation: str = ANY_SITUATION) -> tuple[int, float]:
-        """Return (K, expected speedup) maximising Theorem 3.8 under `situation`'s alpha and c (K=0: plain)."""
+    def best(self, situation: str = ANY_SITUATION, alpha: float | None = None) -> tuple[int, float]:
+        """Return (K, expected speedup) maximising Theorem 3.8 under `situation`'s c and its current alpha
+        estimate (or `alpha`); K=0: plain."""
         costs = self.call_costs.table(self.max_k + 1)
-        return best_draft_length(self.estimate(situation).alpha, self.situation_cost(situation), self.max_k,
-                                 call_cost=costs.__getitem__)
+        alpha = self.estimate(situation).alpha if alpha is None else alpha
+        return best_draft_length(alpha, self.situation_cost(situation), self.max_k, call_cost=costs.__getitem__)
 
     def observe(self, iteration: "Iteration") -> None:
         """Update the estimates from one iteration: its situation's alpha, c, and the target call's cost."""
@@ -122,6 +133,8 @@ class AdaptiveDraftLength:
             state.accepted += self.smoothing * (accepted - state.accepted)
             state.tests += self.smoothing * (tests - state.tests)
             state.alpha = state.accepted / state.tests
+            state.accepted_total += accepted
+            state.tests_total += tests
         if cost_ratio is not None:
             self.cost_ratio += self.smoothing * (cost_ratio - self.cost_ratio)
         if self.cost_per_situation and iteration.drafted and target_seconds > 0:

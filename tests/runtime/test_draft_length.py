@@ -1,3 +1,5 @@
+import numpy as np
+
 from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.loop import Iteration
@@ -75,7 +77,7 @@ def test_adaptive_learns_alpha_per_situation():
     assert policy.estimate("ambiguous").alpha < 0.1
     assert policy.estimate("repeated").alpha > 0.9
     assert policy.choose("repeated") == 8
-    assert [policy.choose("ambiguous") for _ in range(3)] == [0, 0, 0]
+    assert [policy.choose("ambiguous") for _ in range(8)].count(0) >= 6  # plain, but for the odd probe
     # the pause is per situation: plain iterations in one do not end another's
     assert policy.estimate("seen once").plain_left == 0 and policy.choose("seen once") > 0
 
@@ -145,3 +147,38 @@ def test_adaptive_alpha_follows_a_steady_rate():
     for _ in range(100):
         policy.observe(drafted(4, 3, rejected=True))  # 3 passes, then a rejection: 3 of 4 tests
     assert abs(policy.estimate().alpha - 0.75) < 1e-6
+
+
+def _realised_speedup(policy_args: dict, alpha: float, c: float, slope: float, iterations: int = 60,
+                      seeds: int = 40) -> tuple[float, float]:
+    """Return (share of plain iterations, realised speedup) of the policy against a drafter whose
+    tokens each pass with probability `alpha`, priced like Theorem 3.8's model."""
+    plain = total = 0
+    tokens = cost = 0.0
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        policy = AdaptiveDraftLength(call_costs=line(slope), **policy_args)
+        for _ in range(iterations):
+            k = policy.choose()
+            total += 1
+            if k == 0:
+                plain, tokens, cost = plain + 1, tokens + 1, cost + 1
+                continue
+            accepted = 0
+            while accepted < k and rng.random() < alpha:
+                accepted += 1
+            tokens, cost = tokens + accepted + 1, cost + 1 + slope * k + c * k
+            policy.observe(drafted(k, accepted, rejected=accepted < k, draft_step_seconds=c * 0.01,
+                                   target_seconds=0.01 * (1 + slope * k)))
+    return plain / total, tokens / cost
+
+
+def test_a_drafter_that_pays_on_average_is_not_paused_by_a_few_rejections():
+    # A trained head's alpha is ~0.4 on open chat: runs of rejections are common, and the EWMA alone
+    # went plain 41% of the time there (1.13x realised where the best fixed K gives 1.23x).
+    best = max(expected_speedup(0.4, k, 0.09, lambda n: 1 + 0.05 * (n - 1)) for k in range(9))
+    plain, speedup = _realised_speedup({"max_k": 16}, alpha=0.4, c=0.09, slope=0.05)
+    assert plain < 0.1 and speedup > 0.95 * best
+    # where drafting does not pay, it still decodes plainly most of the time
+    plain, speedup = _realised_speedup({"max_k": 16}, alpha=0.1, c=0.09, slope=0.05)
+    assert plain > 0.5 and speedup > 0.95
