@@ -53,8 +53,9 @@ class AdaptiveDraftLength:
     as the ratio of two EWMAs over recent iterations in that situation: accepted drafts over
     acceptance tests. c is an EWMA of draft-call / 1-token target-call time; what verifying
     k drafts costs comes from `call_costs`, refined by every call this policy sees. When no
-    K >= 1 is expected to beat plain decoding in a situation, that situation decodes plainly
-    for `cooldown` iterations, then probes with `probe_k`. Why each choice: docs/DESIGN.md,
+    K >= 1 is expected to beat plain decoding in a situation, under the EWMA and under the
+    situation's whole record (all its tests so far), that situation decodes plainly for
+    `cooldown` iterations, then probes with `probe_k`. Why each choice: docs/DESIGN.md,
     "Adaptive K".
     """
 
@@ -94,7 +95,8 @@ class AdaptiveDraftLength:
             # A few rejections in a row pull the EWMA below break-even even for a drafter that pays on
             # average (alpha ~0.4 went plain 41% of the time in a simulation); pause only if the
             # situation's whole record agrees.
-            k, speedup = self.best(situation, state.accepted_total / state.tests_total)
+            if state.tests_total > 0:
+                k, speedup = self.best(situation, state.accepted_total / state.tests_total)
         if k == 0 or speedup < 1.0:
             # This iteration and `cooldown - 1` more are plain; then one probe re-measures alpha.
             state.plain_left = self.cooldown - 1
