@@ -200,7 +200,7 @@ def call_costs_of_runs(runs: Sequence[Run], baseline_runs: Sequence[Run],
     prompts would give most of the K+1-token calls and the short open ones most of the
     1-token calls, inflating the cost of long calls. t(n) = r(n) / r(1), r(n) the median
     ratio of the n-token calls, made non-decreasing in n (a longer call is never cheaper;
-    a dip is timing noise); lengths with fewer than `min_samples` calls are left out. v is
+    a dip is timing noise, pooled with its neighbours by their numbers of calls); lengths with fewer than `min_samples` calls are left out. v is
     the least-squares slope of t(n) - 1 against n - 1, each length weighted by its number
     of calls: the average cost of one more token. The seconds are the median target-only
     call. ({}, 0, 0) when fewer than `min_samples` 1-token calls pair up.
@@ -218,7 +218,8 @@ def call_costs_of_runs(runs: Sequence[Run], baseline_runs: Sequence[Run],
         return {}, 0.0, 0.0
     kept = {n: values for n, values in sorted(ratios.items()) if len(values) >= min_samples}
     medians = {n: statistics.median(values) for n, values in kept.items()}
-    costs = non_decreasing({n: median / medians[1] for n, median in medians.items()})
+    costs = non_decreasing({n: median / medians[1] for n, median in medians.items()},
+                           {n: len(values) for n, values in kept.items()}, pinned=1)
     one_token = statistics.median(seconds for table in steps.values() for seconds in table.values())
     verify_cost = verify_cost_from_calls(medians, {n: len(values) for n, values in kept.items()})
     return costs, verify_cost, one_token

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.models.manifest import is_call_cost_table
-from specdec.runtime.call_costs import relative_costs_from_step_times
+from specdec.runtime.call_costs import non_decreasing, relative_costs_from_step_times
 from specdec.runtime.providers import ort
 from specdec.runtime.session import ModelSession
 
@@ -38,9 +38,10 @@ class Calibration:
 
 
 def calibrate(target: ModelSession, context: list[int], max_tokens: int, threads: int | None) -> Calibration:
-    """Return t(n) for n = 1..max_tokens: from the disk cache, else timed now (3 rounds) and cached.
+    """Return t(n) for n = 1..max_tokens: from the disk cache, else timed now (CALIBRATION_ROUNDS rounds,
+    made non-decreasing) and cached.
 
-    context: tokens the timed calls run after (its last CALIBRATION_CONTEXT are used).
+    context: tokens the timed calls run after (see `timing_context`).
     """
     target_files = ",".join(f"{name}={digest}" for name, digest in sorted(target.spec.sha256.items()))
     key = cache_key(target_files, target.device, threads, ort.__version__)
@@ -48,8 +49,23 @@ def calibrate(target: ModelSession, context: list[int], max_tokens: int, threads
     if cached is not None:
         return Calibration(cached, "cache", 0.0, None)
     start = time.perf_counter()
-    costs = relative_costs_from_step_times(step_times(target, context[-CALIBRATION_CONTEXT:], max_tokens, repeats=3))
+    costs = non_decreasing(relative_costs_from_step_times(
+        step_times(target, timing_context(context, target.spec.max_positions - max_tokens),
+                   max_tokens, repeats=CALIBRATION_ROUNDS)), pinned=1)
     return Calibration(costs, "timed", time.perf_counter() - start, save_call_costs(key, costs))
+
+
+def timing_context(context: list[int], room: int) -> list[int]:
+    """Return CALIBRATION_CONTEXT tokens (at most `room`) for timed calls to run after: the end of
+    `context`, repeated when it is shorter.
+
+    A call's cost curve depends on the past it attends over (SmolLM2, 2 threads: t(2) 1.06 after 32
+    tokens, 1.10 after 256), and the table is kept for every later request: it should not depend on
+    how long the first one happened to be.
+    """
+    length = max(1, min(CALIBRATION_CONTEXT, room))
+    tokens = list(context) or [0]
+    return (tokens * (length // len(tokens) + 1))[-length:]
 
 
 def step_times(session: ModelSession, context: list[int], max_tokens: int, repeats: int = 5) -> list[float]:
@@ -73,8 +89,9 @@ def step_times(session: ModelSession, context: list[int], max_tokens: int, repea
 
 CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
 NO_CACHE_ENV = "SPECDEC_NO_CACHE"
-_FORMAT = 1
+_FORMAT = 2  # 2: 7 rounds, pooled non-decreasing (3-round tables read t(2) 15-20% high on a noisy box)
 CALIBRATION_CONTEXT = 256  # prompt tokens the timed calls run after
+CALIBRATION_ROUNDS = 7
 
 
 def cache_dir() -> Path | None:

@@ -19,20 +19,29 @@ class TargetCallCosts:
     Each n keeps the median of its last `window` call times: one call can be slow for
     reasons that have nothing to do with n (the OS, the other core), and a mean would
     carry that into every later choice of K. t(n) is measured / measured when both n and 1
-    have `min_calls` calls; else the `prior` table (what `specdec tune` measured); else a
-    least-squares line through the lengths seen so far; else one through the prior table;
-    else the prior line 1 + prior_verify_cost (n - 1). The table returned is then made
-    non-decreasing in n, since a longer call is never cheaper and a dip is noise that would
-    lure K past the length it dipped at. One object can outlive a generation: the curve is a
-    fact of the hardware and the model, not of the prompt.
+    have `min_calls` fresh calls (1 read off a line through the measured lengths when it has
+    too few, as with a drafter that always drafts); else, between two measured lengths, the
+    line between them; else the `prior` table (what `specdec tune` or calibration
+    measured); else a least-squares line through the lengths measured so far; else one
+    through the prior table; else the prior line 1 + prior_verify_cost (n - 1). A length
+    none of whose last `fresh_calls` calls (all lengths counted) was of it stops being
+    trusted, and its old times are dropped when it is next called: the policy avoids
+    lengths it believes dear, so a length timed slow once (a cold first call, a busy
+    moment) would otherwise never be timed again. The table returned is then made
+    non-decreasing in n (a longer call is never cheaper) by pooling, each length weighted by
+    the calls behind it, so one noisy length cannot lift every longer one. One object can
+    outlive a generation: the curve is a fact of the hardware and the model, not of the prompt.
     """
 
     prior: dict[int, float] = field(default_factory=dict)  # n -> t(n) / t(1)
     prior_verify_cost: float = 0.0  # v of the prior line, per token beyond the first
     window: int = 16  # recent calls per length whose median is its time
     min_calls: int = 3  # calls of a length before its own median is trusted
+    fresh_calls: int = 64  # a length stays trusted while one of the last this many calls was of it
     _recent: dict[int, deque] = field(default_factory=dict)
     _medians: dict[int, float] = field(default_factory=dict)
+    _calls: int = 0  # calls observed
+    _last_call: dict[int, int] = field(default_factory=dict)  # n -> the number of its latest call
     # An engine's requests share one table from many threads. Under the GIL each step here
     # is atomic enough; a free-threaded Python would iterate a deque while it grows.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -42,17 +51,36 @@ class TargetCallCosts:
         if tokens < 1 or seconds <= 0:
             return
         with self._lock:
+            self._calls += 1
             recent = self._recent.setdefault(tokens, deque(maxlen=self.window))
+            if not self._fresh(tokens, self._calls - 1):
+                recent.clear()  # times from before a long absence say little about now
+                self._medians.pop(tokens, None)
+            self._last_call[tokens] = self._calls
             recent.append(seconds)
             if len(recent) >= self.min_calls:
                 self._medians[tokens] = statistics.median(recent)
 
+    def _fresh(self, tokens: int, calls: int) -> bool:
+        last = self._last_call.get(tokens)
+        return last is not None and calls - last < self.fresh_calls
+
     def table(self, max_tokens: int) -> list[float]:
         """Return [t(0) unused, t(1) = 1, t(2), ..., t(max_tokens)], non-decreasing, in 1-token calls."""
         with self._lock:
-            trusted = dict(self._medians)
+            trusted = {n: median for n, median in self._medians.items() if self._fresh(n, self._calls)}
+            weights = {n: float(len(self._recent[n])) for n in trusted}
         line = self._line(trusted)
-        costs = non_decreasing({1: 1.0, **{n: self._estimate(n, trusted, line) for n in range(2, max_tokens + 1)}})
+        one_token = trusted.get(1)
+        if one_token is None and line is not None:
+            # A drafter that always drafts makes few 1-token calls: read t(1) off the line through the
+            # lengths it does call, rather than ignore its timings for the prior's. n 1-token calls do a
+            # call over n tokens' work, so t(1) >= t(n) / n bounds the line's guess from below.
+            one_token = max(sum(line), max(median / n for n, median in trusted.items()))
+        estimates = {1: 1.0, **{n: self._estimate(n, trusted, one_token, line) for n in range(2, max_tokens + 1)}}
+        measured = one_token is not None  # else every ratio is a guess of equal weight
+        costs = non_decreasing(estimates, {n: weights.get(n, 1.0) if measured else 1.0 for n in estimates},
+                               pinned=1)
         return [1.0] + [costs[n] for n in range(1, max_tokens + 1)]
 
     def relative(self, tokens: int) -> float:
@@ -63,9 +91,17 @@ class TargetCallCosts:
         """Return what a 1-token call would have taken, given a call over `tokens` that took `seconds`."""
         return seconds / self.relative(tokens)
 
-    def _estimate(self, n: int, trusted: dict[int, float], line: tuple[float, float] | None) -> float:
-        if 1 in trusted and n in trusted:
-            return trusted[n] / trusted[1]
+    def _estimate(self, n: int, trusted: dict[int, float], one_token: float | None,
+                  line: tuple[float, float] | None) -> float:
+        if one_token is not None:
+            if n in trusted:
+                return trusted[n] / one_token
+            # Between two lengths timed in this run, their line beats a table timed at another moment.
+            below = max((m for m in trusted if m < n), default=1)
+            above = min((m for m in trusted if m > n), default=None)
+            if above is not None:
+                low = 1.0 if below == 1 else trusted[below] / one_token
+                return low + (trusted[above] / one_token - low) * (n - below) / (above - below)
         if n in self.prior:
             return self.prior[n]
         # Beyond the lengths measured, extrapolate: from this run's timings, else from the
@@ -92,16 +128,42 @@ class TargetCallCosts:
         return mean_t - slope * mean_n, slope
 
 
-def non_decreasing(costs: dict[int, float]) -> dict[int, float]:
-    """Return the costs by call length with each raised to the highest cost of any shorter call.
+def non_decreasing(costs: dict[int, float], weights: dict[int, float] | None = None,
+                   pinned: int | None = None) -> dict[int, float]:
+    """Return the non-decreasing costs by call length closest to `costs` (least squares, `weights`, default 1).
 
-    A longer call is never cheaper: a dip is timing noise, and it would lure K to the length it dipped at.
+    A longer call is never cheaper, so a dip is noise; pooling adjacent violators averages it
+    with its neighbours instead of raising every longer call to the highest cost seen, which
+    would let one slow length make all longer ones look dear. `pinned` (a length) keeps its
+    cost: every pooled value at or below it is held there (t(1) = 1 by definition).
     """
-    lifted, highest = {}, float("-inf")
-    for n in sorted(costs):
-        highest = max(highest, costs[n])
-        lifted[n] = highest
-    return lifted
+    lengths = sorted(costs)
+    blocks: list[list[float]] = []  # [weighted sum, weight, first index, last index]
+    for index, n in enumerate(lengths):
+        weight = (weights or {}).get(n, 1.0)
+        weight = float("inf") if n == pinned else max(weight, 1e-9)
+        blocks.append([costs[n] * weight if weight != float("inf") else costs[n], weight, index, index])
+        while len(blocks) > 1 and _mean(blocks[-2]) > _mean(blocks[-1]):
+            last = blocks.pop()
+            blocks[-1] = _pool(blocks[-1], last)
+    out = {}
+    for block in blocks:
+        for index in range(block[2], block[3] + 1):
+            out[lengths[index]] = _mean(block)
+    return out
+
+
+def _mean(block: list[float]) -> float:
+    total, weight = block[0], block[1]
+    return total if weight == float("inf") else total / weight
+
+
+def _pool(left: list[float], right: list[float]) -> list[float]:
+    # A pinned block (infinite weight) keeps its value whatever joins it.
+    if left[1] == float("inf") or right[1] == float("inf"):
+        value = _mean(left) if left[1] == float("inf") else _mean(right)
+        return [value, float("inf"), left[2], right[3]]
+    return [left[0] + right[0], left[1] + right[1], left[2], right[3]]
 
 
 def relative_costs_from_step_times(step_seconds: list[float]) -> dict[int, float]:

@@ -23,8 +23,10 @@ def test_round_trip_and_what_counts_as_no_table():
     assert load_call_costs(key, 4) is None  # too short for a higher cap
     path.write_text("{not json")
     assert load_call_costs(key, 3) is None
-    path.write_text(json.dumps({"format": 1, "call_costs": [1.0, -2.0]}))
+    path.write_text(json.dumps({"format": 2, "call_costs": [1.0, -2.0]}))
     assert load_call_costs(key, 2) is None
+    path.write_text(json.dumps({"format": 1, "call_costs": [1.0, 1.1, 1.2]}))  # timed by an older, noisier rule
+    assert load_call_costs(key, 3) is None
     assert save_call_costs(key, {1: 1.0, 3: 1.2}) is None  # a gap: not worth keeping
     assert list(cache_dir().glob("*.tmp")) == []
 

@@ -1,6 +1,6 @@
 import pytest
 
-from specdec.runtime.call_costs import TargetCallCosts, relative_costs_from_step_times
+from specdec.runtime.call_costs import TargetCallCosts, non_decreasing, relative_costs_from_step_times
 
 
 def feed(costs: TargetCallCosts, tokens: int, seconds: float, times: int = 3) -> None:
@@ -45,6 +45,18 @@ def test_lengths_beyond_the_prior_table_follow_its_line():
     assert costs.relative(9) == pytest.approx(34 / 10)
 
 
+def test_a_drafter_that_always_drafts_still_times_its_calls():
+    costs = TargetCallCosts(prior={2: 1.5, 3: 1.7, 4: 2.0})  # a calibration that read calls dear
+    feed(costs, 2, 0.022)
+    feed(costs, 4, 0.026)  # no 1-token calls: the line 18 ms + 2 ms n puts one at 20 ms
+    assert costs.relative(2) == pytest.approx(1.1) and costs.relative(4) == pytest.approx(1.3)
+    assert costs.relative(3) == pytest.approx(1.2)  # between two timed lengths: their line, not the prior's 1.7
+    steep = TargetCallCosts()
+    feed(steep, 2, 0.010)
+    feed(steep, 3, 0.030)  # the line would put a 1-token call below zero
+    assert steep.relative(3) == pytest.approx(3.0)  # t(1) >= t(3) / 3
+
+
 def test_never_cheaper_than_a_one_token_call():
     costs = TargetCallCosts(prior={2: 0.9})
     assert costs.relative(2) == 1.0
@@ -66,8 +78,35 @@ def test_drift_is_followed_and_one_slow_call_is_not():
 
 def test_a_dip_is_noise_the_table_never_decreases():
     costs = TargetCallCosts(prior={2: 1.1, 3: 1.2, 4: 1.15, 5: 1.3})
-    assert costs.table(5) == pytest.approx([1.0, 1.0, 1.1, 1.2, 1.2, 1.3])
-    assert costs.relative(4) == pytest.approx(1.2)
+    assert costs.table(5) == pytest.approx([1.0, 1.0, 1.1, 1.175, 1.175, 1.3])  # the dip pooled with 3
+    assert costs.relative(4) == pytest.approx(1.175)
+
+
+def test_one_slow_length_does_not_make_every_longer_call_dear():
+    costs = TargetCallCosts()
+    feed(costs, 1, 0.020, times=16)
+    feed(costs, 2, 0.040)  # three cold calls: t(2) reads 2.0
+    feed(costs, 5, 0.024, times=13)
+    table = costs.table(5)
+    # Lifting every length to the highest shorter one read t(5) = 2.0; pooled by calls, t(2..5) ~1.3.
+    assert table[2] == table[5] and 1.2 < table[5] < 1.4
+
+
+def test_a_length_not_called_for_a_while_is_timed_afresh():
+    costs = TargetCallCosts(fresh_calls=10)
+    feed(costs, 1, 0.020, times=5)
+    feed(costs, 2, 0.040)  # cold: t(2) reads 2.0, and a policy that believes it stops calling 2 tokens
+    assert costs.relative(2) == pytest.approx(2.0)
+    feed(costs, 1, 0.020, times=10)
+    assert costs.relative(2) == pytest.approx(1.0 + costs.prior_verify_cost)  # stale: back to the guess
+    feed(costs, 2, 0.022)  # called again: the old times are gone, the new ones count alone
+    assert costs.relative(2) == pytest.approx(1.1)
+
+
+def test_non_decreasing_pools_by_weight_and_keeps_the_pinned_length():
+    assert non_decreasing({1: 1.0, 2: 1.3, 3: 1.1}, {2: 1, 3: 3}, pinned=1) == pytest.approx({1: 1.0, 2: 1.15, 3: 1.15})
+    assert non_decreasing({1: 1.0, 2: 0.9, 3: 1.2}, pinned=1) == pytest.approx({1: 1.0, 2: 1.0, 3: 1.2})
+    assert non_decreasing({1: 1.0, 2: 1.2, 3: 1.1, 4: 1.0}) == pytest.approx({1: 1.0, 2: 1.1, 3: 1.1, 4: 1.1})
 
 
 def test_one_token_seconds_takes_the_call_length_out():

@@ -182,3 +182,34 @@ def test_a_drafter_that_pays_on_average_is_not_paused_by_a_few_rejections():
     # where drafting does not pay, it still decodes plainly most of the time
     plain, speedup = _realised_speedup({"max_k": 16}, alpha=0.1, c=0.09, slope=0.05)
     assert plain > 0.5 and speedup > 0.95
+
+
+def test_a_call_length_timed_slow_once_is_timed_again():
+    # A process's first calls run cold. A length timed slow then must not stay dear for good: the
+    # policy stops calling it, so only forgetting stale times lets it be timed again.
+    slope, c, alpha, step = 0.05, 0.05, 0.5, 0.01
+    rng = np.random.default_rng(0)
+    policy = AdaptiveDraftLength(call_costs=line(slope), max_k=16)
+
+    def run(k: int, slowdown: float = 1.0) -> tuple[int, float]:
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        seconds = step * (1 + slope * k) * slowdown
+        policy.observe(drafted(k, accepted, rejected=k > 0 and accepted < k, draft_step_seconds=c * step,
+                               target_seconds=seconds))
+        return accepted + 1, 1 + slope * k + c * k
+
+    for _ in range(3):
+        run(0)
+    for k in range(1, 17):
+        for _ in range(3):
+            run(k, slowdown=2.0)  # every length's first calls twice as slow as they will be
+    plain = tokens = cost = 0.0
+    for iteration in range(300):
+        k = policy.choose()
+        got, paid = run(k)
+        if iteration >= 100:  # the cold times are forgotten within `fresh_calls` calls
+            plain, tokens, cost = plain + (k == 0), tokens + got, cost + paid
+    best = max(expected_speedup(alpha, k, c, lambda n: 1 + slope * (n - 1)) for k in range(17))
+    assert plain / 200 < 0.1 and tokens / cost > 0.9 * best
