@@ -41,6 +41,8 @@ BINDING = "tests/runtime/test_session_binding.py"
 DISTILL = "tests/distill/test_distill.py"
 EAGLE = "tests/distill/test_eagle_runtime.py"
 PHRASES = "tests/runtime/test_phrases.py"
+CALL_COSTS = "tests/runtime/test_call_costs.py"
+DRAFT_LENGTH = "tests/runtime/test_draft_length.py"
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "greedy = torch.cat([prompt_choices, chosen[row, : keep + 1]])",
            "greedy = torch.cat([prompt_choices, chosen[row, 1: keep + 2]])",
            (DISTILL + "::test_features_kept_from_decoding_equal_a_teacher_forced_pass",)),
+    Mutant("auto: a call length timed slow once stays dear (its times never go stale)", "runtime/call_costs.py",
+           "return last is not None and calls - last < self.fresh_calls", "return last is not None",
+           (CALL_COSTS + "::test_a_length_not_called_for_a_while_is_timed_afresh",
+            DRAFT_LENGTH + "::test_a_call_length_timed_slow_once_is_timed_again")),
+    Mutant("auto: the cost table lifted to its running maximum instead of pooled", "runtime/call_costs.py",
+           "            blocks[-1] = _pool(blocks[-1], last)",
+           "            blocks[-1] = [_mean(blocks[-1]), float(\"inf\"), blocks[-1][2], last[3]]",
+           (CALL_COSTS + "::test_one_slow_length_does_not_make_every_longer_call_dear",)),
+    Mutant("auto: the loop's own timings ignored when it makes no 1-token calls", "runtime/call_costs.py",
+           "if one_token is None and line is not None:", "if False:",
+           (CALL_COSTS + "::test_a_drafter_that_always_drafts_still_times_its_calls",)),
 )
 
 
