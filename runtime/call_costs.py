@@ -19,8 +19,8 @@ class TargetCallCosts:
     Each n keeps the median of its last `window` call times: one call can be slow for
     reasons that have nothing to do with n (the OS, the other core), and a mean would
     carry that into every later choice of K. t(n) is measured / measured when both n and 1
-    have `min_calls` fresh calls (1 read off a line through the measured lengths when it has
-    too few, as with a drafter that always drafts); else, between two measured lengths, the
+    have `min_calls` fresh calls (1 guessed from the lengths timed when it has too few, as with
+    a drafter that always drafts: `_one_token_guess`); else, between two measured lengths, the
     line between them; else the `prior` table (what `specdec tune` or calibration
     measured); else a least-squares line through the lengths measured so far; else one
     through the prior table; else the prior line 1 + prior_verify_cost (n - 1). A length
@@ -72,11 +72,8 @@ class TargetCallCosts:
             weights = {n: float(len(self._recent[n])) for n in trusted}
         line = self._line(trusted)
         one_token = trusted.get(1)
-        if one_token is None and line is not None:
-            # A drafter that always drafts makes few 1-token calls: read t(1) off the line through the
-            # lengths it does call, rather than ignore its timings for the prior's. n 1-token calls do a
-            # call over n tokens' work, so t(1) >= t(n) / n bounds the line's guess from below.
-            one_token = max(sum(line), max(median / n for n, median in trusted.items()))
+        if one_token is None and trusted:
+            one_token = self._one_token_guess(trusted, line)
         estimates = {1: 1.0, **{n: self._estimate(n, trusted, one_token, line) for n in range(2, max_tokens + 1)}}
         measured = one_token is not None  # else every ratio is a guess of equal weight
         costs = non_decreasing(estimates, {n: weights.get(n, 1.0) if measured else 1.0 for n in estimates},
@@ -90,6 +87,19 @@ class TargetCallCosts:
     def one_token_seconds(self, tokens: int, seconds: float) -> float:
         """Return what a 1-token call would have taken, given a call over `tokens` that took `seconds`."""
         return seconds / self.relative(tokens)
+
+    def _one_token_guess(self, trusted: dict[int, float], line: tuple[float, float] | None) -> float | None:
+        """Return a 1-token call's seconds guessed from the lengths timed (None: no basis).
+
+        A drafter that always drafts makes few 1-token calls. Over lengths 3+ tokens apart, the line
+        through them; n 1-token calls do a call over n tokens' work, so t(1) >= t(n) / n bounds it.
+        Over closer lengths a line multiplies their noise (2- and 3-token calls 5% off put t(1) 11%
+        off), so the prior's shape is scaled to their times instead.
+        """
+        if line is not None and max(trusted) - min(trusted) >= 3:
+            return max(sum(line), max(median / n for n, median in trusted.items()))
+        scaled = [median / self.prior[n] for n, median in trusted.items() if self.prior.get(n, 0) > 0]
+        return statistics.median(scaled) if scaled else None
 
     def _estimate(self, n: int, trusted: dict[int, float], one_token: float | None,
                   line: tuple[float, float] | None) -> float:

@@ -186,7 +186,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "            blocks[-1] = [_mean(blocks[-1]), float(\"inf\"), blocks[-1][2], last[3]]",
            (CALL_COSTS + "::test_one_slow_length_does_not_make_every_longer_call_dear",)),
     Mutant("auto: the loop's own timings ignored when it makes no 1-token calls", "runtime/call_costs.py",
-           "if one_token is None and line is not None:", "if False:",
+           "if one_token is None and trusted:", "if False:",
            (CALL_COSTS + "::test_a_drafter_that_always_drafts_still_times_its_calls",)),
 )
 

@@ -46,15 +46,20 @@ def test_lengths_beyond_the_prior_table_follow_its_line():
 
 
 def test_a_drafter_that_always_drafts_still_times_its_calls():
-    costs = TargetCallCosts(prior={2: 1.5, 3: 1.7, 4: 2.0})  # a calibration that read calls dear
+    costs = TargetCallCosts(prior={2: 1.5, 3: 1.7, 5: 2.0})  # a calibration that read calls dear
     feed(costs, 2, 0.022)
-    feed(costs, 4, 0.026)  # no 1-token calls: the line 18 ms + 2 ms n puts one at 20 ms
-    assert costs.relative(2) == pytest.approx(1.1) and costs.relative(4) == pytest.approx(1.3)
+    feed(costs, 5, 0.028)  # no 1-token calls: the line 18 ms + 2 ms n puts one at 20 ms
+    assert costs.relative(2) == pytest.approx(1.1) and costs.relative(5) == pytest.approx(1.4)
     assert costs.relative(3) == pytest.approx(1.2)  # between two timed lengths: their line, not the prior's 1.7
     steep = TargetCallCosts()
     feed(steep, 2, 0.010)
-    feed(steep, 3, 0.030)  # the line would put a 1-token call below zero
-    assert steep.relative(3) == pytest.approx(3.0)  # t(1) >= t(3) / 3
+    feed(steep, 5, 0.040)  # the line would put a 1-token call at 0 s
+    assert steep.relative(5) == pytest.approx(5.0)  # t(1) >= t(5) / 5
+    close = TargetCallCosts(prior={2: 1.1, 3: 1.2})
+    feed(close, 2, 0.024)
+    feed(close, 3, 0.023)  # noise: a line through 2 and 3 would read t(2) 0.96, floored to 1
+    table = close.table(3)
+    assert table[2] == pytest.approx(table[3]) and table[2] > 1.1  # the prior's shape, scaled to their times
 
 
 def test_never_cheaper_than_a_one_token_call():
