@@ -156,7 +156,7 @@ def greedy_head_check(session: ModelSession, prompts: list[list[int]]) -> dict[s
     token's fp32 logit within its bound of the 8-bit one), max_error_over_bound, candidates_median,
     candidates_max. A head for which either is False must not ship.
     """
-    from specdec.runtime.greedy_head import argmax_candidates, logit_bounds
+    from specdec.runtime.greedy_head import MAX_ROWS, argmax_candidates, logit_bounds
 
     head = session.greedy_head
     if head is None:
@@ -165,17 +165,21 @@ def greedy_head_check(session: ModelSession, prompts: list[list[int]]) -> dict[s
     argmax_equal = True
     worst = 0.0
     counts: list[int] = []
+    vocab = session.vocab_limit
     for ids in prompts:
         ids = ids[: session.spec.max_positions]
-        full = session.forward(session.new_cache(), ids)
-        greedy = session.forward(session.new_cache(), ids, greedy=True)
-        argmax_equal &= bool((np.argmax(full, axis=-1) == np.argmax(greedy, axis=-1)).all())
-        hidden, approx = session.last_greedy_rows  # of the greedy call above: the heads' input and 8-bit logits
-        approx = approx.astype(np.float64)
-        vocab = session.vocab_limit
-        bounds = logit_bounds(hidden, head.weight_norms[:vocab], head.weight_errors[:vocab])
-        worst = max(worst, float((np.abs(full.astype(np.float64) - approx) / bounds).max()))
-        counts.extend(len(argmax_candidates(a, b)) for a, b in zip(approx, bounds))
+        full_cache, greedy_cache = session.new_cache(), session.new_cache()
+        # In calls of at most MAX_ROWS tokens: longer greedy calls read the fp32 head.
+        for start in range(0, len(ids), MAX_ROWS):
+            chunk = ids[start:start + MAX_ROWS]
+            full = session.forward(full_cache, chunk)
+            greedy = session.forward(greedy_cache, chunk, greedy=True)
+            argmax_equal &= bool((np.argmax(full, axis=-1) == np.argmax(greedy, axis=-1)).all())
+            hidden, approx = session.last_greedy_rows  # of the greedy call above: the heads' input and 8-bit logits
+            approx = approx.astype(np.float64)
+            bounds = logit_bounds(hidden, head.weight_norms[:vocab], head.weight_errors[:vocab])
+            worst = max(worst, float((np.abs(full.astype(np.float64) - approx) / bounds).max()))
+            counts.extend(len(argmax_candidates(a, b)) for a, b in zip(approx, bounds))
         positions += len(ids)
     return {"positions": positions, "argmax_equal": argmax_equal, "bound_holds": worst <= 1.0,
             "max_error_over_bound": worst, "candidates_median": float(np.median(counts)),

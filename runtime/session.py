@@ -10,7 +10,7 @@ import numpy as np
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import GraphSpec
 from specdec.runtime.config import MAX_DRAFT_TOKENS
-from specdec.runtime.greedy_head import GreedyHead
+from specdec.runtime.greedy_head import MAX_ROWS as GREEDY_HEAD_MAX_ROWS, GreedyHead
 from specdec.runtime.kv_cache import BufferPool, KVCache, KVSlicer
 from specdec.runtime.providers import create_session, ort
 
@@ -86,6 +86,15 @@ class CallBinding:
 _NO_ROWS = 2 ** 62  # a row index past any call: the LM head told to start there computes nothing
 KEPT_OUTPUT_ROWS = MAX_DRAFT_TOKENS + 1  # the largest verify call; longer calls are prefills
 DEFAULT_CAPACITY = 256  # positions a shared-buffer cache starts with when the caller gives no hint
+
+
+def reads_greedy_head(spec: GraphSpec, rows: int) -> bool:
+    """Return whether a greedy call keeping `rows` logits rows reads the 8-bit head (else the fp32 one).
+
+    Long verify calls read the fp32 head, cheaper there (runtime/greedy_head.py, MAX_ROWS); a graph that
+    scores a token alike in calls of every length (attention pad, min_rows) keeps one head for all.
+    """
+    return rows <= GREEDY_HEAD_MAX_ROWS or spec.attention_pad_rows > 0 or spec.min_rows > 1
 
 
 class ModelSession:
@@ -192,7 +201,9 @@ class ModelSession:
         target's features (every row runs through the last layer then; a graph with a row-start input
         for its LM head, `head_row_start_name` or a greedy head's, still runs it on the `logits_rows`
         only). With `greedy` and a `greedy_head` (CPU), the rows hold only what greedy decoding reads:
-        the fp32 logit of every token that may be its row's argmax, -inf elsewhere (runtime/greedy_head.py).
+        the fp32 logit of every token that may be its row's argmax, -inf elsewhere (runtime/greedy_head.py);
+        calls over more than its MAX_ROWS rows read the fp32 head, unless the graph scores tokens alike in
+        calls of every length.
         """
         n_new = len(token_ids)
         past = cache.length
@@ -214,7 +225,7 @@ class ModelSession:
         pad = min(max(0, spec.min_rows - n_new), spec.max_positions - past - n_new)
         fed = list(token_ids) + [token_ids[-1]] * pad
         n_fed = n_new + pad
-        head = self.greedy_head if greedy else None
+        head = self.greedy_head if greedy and reads_greedy_head(spec, rows) else None
         if self.shared_kv:
             cache.reserve(past + n_fed + spec.attention_pad_rows)  # the graph writes its pad rows there too
             call = cache.bindings.get((hidden, head is not None))

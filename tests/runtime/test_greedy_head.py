@@ -1,5 +1,7 @@
 """--greedy-head: greedy calls read an 8-bit LM head, bounded, and still pick the fp32 head's argmax."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from onnx import numpy_helper
@@ -9,8 +11,8 @@ from specdec.exporter.validate import greedy_head_check
 from specdec.models.errors import ExportError
 from specdec.models.manifest import load_manifest
 from specdec.runtime.engine import Engine, GenerationConfig
-from specdec.runtime.greedy_head import activation_error, argmax_candidates, logit_bounds
-from specdec.runtime.session import ModelSession
+from specdec.runtime.greedy_head import MAX_ROWS, activation_error, argmax_candidates, logit_bounds
+from specdec.runtime.session import ModelSession, reads_greedy_head
 
 
 def _int8_blocks(x, block=32):
@@ -115,6 +117,25 @@ def test_greedy_steps_write_the_heads_rows_into_kept_buffers(greedy_artifact):
     assert verify.shape == (3, session.vocab_limit) and np.isfinite(verify.max(axis=1)).all()
 
 
+def test_long_verify_calls_read_the_fp32_head(greedy_artifact):
+    session = Engine.load(greedy_artifact, provider="cpu").target
+    head = session.greedy_head
+    cache = session.new_cache()
+    session.forward(cache, list(range(5, 25)), logits_rows=1, greedy=True)
+    seen = head.candidates_seen
+    assert seen > 0
+    long = session.forward(cache, list(range(30, 31 + MAX_ROWS)), greedy=True)
+    assert head.candidates_seen == seen and np.isfinite(long).all()  # the fp32 head: every logit real
+    cache.rollback(20)
+    short = session.forward(cache, list(range(30, 30 + MAX_ROWS)), greedy=True)
+    assert head.candidates_seen > seen
+    np.testing.assert_array_equal(short.argmax(axis=1), long[:MAX_ROWS].argmax(axis=1))
+    # a graph that scores tokens alike in calls of every length keeps the 8-bit head for all of them
+    assert not reads_greedy_head(session.spec, MAX_ROWS + 1)
+    assert reads_greedy_head(replace(session.spec, attention_pad_rows=1), MAX_ROWS + 1)
+    assert reads_greedy_head(replace(session.spec, min_rows=2), MAX_ROWS + 1)
+
+
 def test_sampling_keeps_the_fp32_head(greedy_artifact):
     engine = Engine.load(greedy_artifact, provider="cpu")
     head = engine.target.greedy_head
@@ -180,7 +201,7 @@ def test_a_hidden_prefill_runs_the_lm_head_on_the_kept_rows_only(greedy_artifact
     add_hidden_output(folder / spec.graph_file, folder / "target" / "tapped.onnx", spec.logits_name)
     spec = dataclasses.replace(spec, files=["target/tapped.onnx"] + spec.files[1:], hidden_name=HIDDEN_OUTPUT)
     session = ModelSession(folder, spec, "cpu", threads=1)
-    ids = list(range(5, 29))
+    ids = list(range(5, 5 + MAX_ROWS))  # longer greedy calls read the fp32 head
     every, every_hidden = session.forward(session.new_cache(), ids, hidden=True, greedy=greedy)
     cache = session.new_cache()
     last, hidden = session.forward(cache, ids, logits_rows=1, hidden=True, greedy=greedy)
@@ -189,4 +210,4 @@ def test_a_hidden_prefill_runs_the_lm_head_on_the_kept_rows_only(greedy_artifact
     assert hidden.shape[0] == len(ids)
     call = cache.bindings[(True, greedy)]
     head_output = spec.greedy_head["approx_name"] if greedy else spec.logits_name
-    assert call.io.get_outputs()[call._order(head_output)].shape()[1] == 1  # one row computed, not 24
+    assert call.io.get_outputs()[call._order(head_output)].shape()[1] == 1  # one row computed, not all
