@@ -202,6 +202,15 @@ class Engine:
                                        cost_per_situation=combined), "auto"
         return FixedDraftLength(int(k)), str(k)
 
+    def time_call_costs(self, max_draft_tokens: int = GenerationConfig.max_draft_tokens_auto) -> str | None:
+        """Get `-k auto`'s t(n) table ready now, so that no request waits for it: timed (seconds, once per
+        machine), read from this machine's cache, or the artifact's own (`specdec tune`).
+
+        Returns call_costs_source: "tune", "cache" or "timed".
+        """
+        self._calibrate_call_costs(self.prompt_ids("Hello", chat=True), max_draft_tokens + 1)
+        return self.call_costs_source
+
     def _calibrate_call_costs(self, context: list[int], max_tokens: int) -> None:
         """Time target calls over 1..max_tokens tokens once per engine (or read them from the disk cache),
         when the artifact has no tuned t(n): `auto` guesses unseen lengths poorly (docs/DESIGN.md)."""

@@ -43,9 +43,11 @@ class ServerState:
         self.active: set[Generation] = set()
 
     def load_engine(self) -> None:
-        """Load the artifact (blocking; call in a thread)."""
-        self.engine = Engine.load(self.config.artifact, provider=self.config.provider,
-                                  threads=self.config.engine_threads())
+        """Load the artifact and time `auto`'s call costs (blocking; call in a thread)."""
+        engine = Engine.load(self.config.artifact, provider=self.config.provider,
+                             threads=self.config.engine_threads())
+        engine.time_call_costs()  # before /health says ok, so that no request waits for it
+        self.engine = engine
 
     def update_load(self) -> None:
         """Refresh the running/waiting gauges from admission's counts."""

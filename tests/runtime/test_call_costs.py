@@ -155,3 +155,16 @@ def test_a_tuned_table_is_not_timed_again(tiny_target_only_artifact, tmp_path):
     engine = Engine.load(artifact, provider="cpu")
     engine.generate("one, two, one, two,", GenerationConfig(max_new_tokens=6, drafter="ngram", num_draft_tokens="auto"))
     assert engine.target_call_costs.prior == {1: 1.0, 2: 1.1, 3: 1.15} and engine.calibration_seconds == 0.0
+
+
+def test_time_call_costs_readies_auto_before_any_request(tiny_target_only_artifact):
+    from specdec.runtime.engine import Engine, GenerationConfig
+
+    engine = Engine.load(tiny_target_only_artifact, provider="cpu")
+    assert engine.call_costs_source is None and engine.target_call_costs.prior == {}
+    assert engine.time_call_costs(max_draft_tokens=5) in ("timed", "cache")
+    table = dict(engine.target_call_costs.prior)
+    assert sorted(table) == [1, 2, 3, 4, 5, 6]
+    engine.generate("one, two, one, two,", GenerationConfig(max_new_tokens=6, drafter="ngram", num_draft_tokens="auto",
+                                                            max_draft_tokens_auto=5))
+    assert engine.target_call_costs.prior == table  # the request found it ready

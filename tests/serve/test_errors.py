@@ -89,6 +89,9 @@ def test_health_is_503_until_the_engine_is_loaded(serve_artifact, monkeypatch):
             assert time.monotonic() < end, "engine never loaded"
             time.sleep(0.05)
         assert httpx.post(live.url + CHAT, json={"messages": USER, "max_tokens": 2}).status_code == 200
+        engine = live.app.state.specdec.engine
+        # `auto`'s call costs were made ready before /health said ok: no request waits for them
+        assert engine.call_costs_source in ("timed", "cache") and len(engine.target_call_costs.prior) == 17
     finally:
         release.set()
         live.stop()
