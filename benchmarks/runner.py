@@ -200,10 +200,11 @@ def call_costs_of_runs(runs: Sequence[Run], baseline_runs: Sequence[Run],
     prompts would give most of the K+1-token calls and the short open ones most of the
     1-token calls, inflating the cost of long calls. t(n) = r(n) / r(1), r(n) the median
     ratio of the n-token calls, made non-decreasing in n (a longer call is never cheaper;
-    a dip is timing noise, pooled with its neighbours by their numbers of calls); lengths with fewer than `min_samples` calls are left out. v is
-    the least-squares slope of t(n) - 1 against n - 1, each length weighted by its number
-    of calls: the average cost of one more token. The seconds are the median target-only
-    call. ({}, 0, 0) when fewer than `min_samples` 1-token calls pair up.
+    a dip is timing noise, pooled with its neighbours by their numbers of calls); lengths
+    with fewer than `min_samples` calls are left out. v is the least-squares slope of
+    t(n) - 1 against n - 1, each length weighted by its number of calls: the average cost
+    of one more token. The seconds are the median target-only call. ({}, 0, 0) when fewer
+    than `min_samples` 1-token calls pair up.
     """
     steps: dict[tuple[str, int], dict[int, float]] = {}
     for run in baseline_runs:
