@@ -81,8 +81,11 @@ class TargetCallCosts:
         return [1.0] + [costs[n] for n in range(1, max_tokens + 1)]
 
     def relative(self, tokens: int) -> float:
-        """Return t(tokens) / t(1), from `table`."""
-        return self.table(max(tokens, 1))[max(tokens, 1)]
+        """Return t(tokens) / t(1), from `table` over every length known (pooling reads longer ones too)."""
+        tokens = max(tokens, 1)
+        with self._lock:
+            longest = max([tokens, *self.prior, *self._medians])
+        return self.table(longest)[tokens]
 
     def one_token_seconds(self, tokens: int, seconds: float) -> float:
         """Return what a 1-token call would have taken, given a call over `tokens` that took `seconds`."""
