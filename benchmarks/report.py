@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Callable, Sequence
 
-from specdec.benchmarks.anchors import DIFFERS, EQUAL, PAST_MAX_NEW_TOKENS, greedy_agreement
+from specdec.benchmarks.anchors import DIFFERS, EQUAL, PAST_MAX_NEW_TOKENS, SETTLE_SECONDS, greedy_agreement
 
 
 def _pct(x: float) -> str:
@@ -98,8 +98,10 @@ def target_vs_genai_section(rows: Sequence[dict]) -> list[str]:
     paired = all("paired_ttft_ratio" in r for r in rows)
     if paired:
         lines[-1] += (f" Paired: after the runs, {rows[0]['paired_rounds']} rounds per prompt of one specdec and one "
-                      "genai prefill back to back (who goes first alternates), so a burst of load falls on both; the "
-                      "median of the rounds' ratios, and their range. The goal reads the paired ratio.")
+                      "genai prefill back to back (who goes first alternates), so a burst of load falls on both, each "
+                      f"after {SETTLE_SECONDS:g} s idle (a call that starts within ~10 ms of the other process's runs "
+                      "~9% slower); "
+                      "the median of the rounds' ratios, and their range. The goal reads the paired ratio.")
     lines += [
         "",
         "| prompt | prompt tokens | specdec decode tok/s | genai decode tok/s | specdec / genai | "

@@ -9,6 +9,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -22,9 +23,17 @@ GENAI_PREFILL_SAMPLES = 3  # extra prefills per genai worker run: TTFT is a medi
 PAIRED_PREFILL_ROUNDS = 8  # per prompt: one specdec and one genai prefill back to back (order alternating)
 
 
+def _settle() -> None:
+    """Leave the machine idle before one side's timed work (benchmarks/anchors.py: SETTLE_SECONDS)."""
+    from specdec.benchmarks.anchors import SETTLE_SECONDS
+
+    time.sleep(SETTLE_SECONDS)
+
+
 def _paired_prefills(engine, genai, prompt_ids: dict[str, list[int]], rounds: int, progress) -> dict[str, list]:
     """Return {prompt id: [(specdec seconds, genai seconds)]}: the two prefills of a round run back to back,
-    so a burst of other load falls on both; the first to run alternates by round."""
+    so a burst of other load falls on both; the first to run alternates by round, and each starts on a
+    settled machine (`_settle`)."""
     from specdec.runtime.engine import GenerationConfig
 
     pairs: dict[str, list] = {}
@@ -34,6 +43,7 @@ def _paired_prefills(engine, genai, prompt_ids: dict[str, list[int]], rounds: in
         for round_index in range(rounds):
             timed = {}
             for side in (("specdec", "genai") if round_index % 2 == 0 else ("genai", "specdec")):
+                _settle()
                 if side == "genai":
                     timed[side] = genai.prefills(ids)[0]
                 else:
@@ -153,8 +163,11 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
             genai = stack.enter_context(GenaiWorker(genai_python, genai_model, genai_options))
         for repeat in range(repeats):
             for case in prompts:
+                if genai is not None:
+                    _settle()  # the two sides take turns here
                 runs += run_bench(engine, [case], configs, max_new_tokens, 1, progress, first_repeat=repeat)
                 if genai is not None:
+                    _settle()
                     progress(f"onnxruntime-genai: repeat {repeat + 1}, {case.id}")
                     anchor_runs += genai.run({case.id: prompt_ids[case.id]}, max_new_tokens,
                                              prefill_samples=GENAI_PREFILL_SAMPLES)

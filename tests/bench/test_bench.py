@@ -87,7 +87,8 @@ def test_step_rounds_give_medians_and_paired_ratios():
     assert "| 64 | 0.80x (0.80-0.80) |" in ratio_table(ratios, "specdec", "genai")
 
 
-def test_paired_prefills_alternate_who_goes_first_and_time_one_prefill_each(tiny_target_only_artifact):
+def test_paired_prefills_alternate_who_goes_first_and_time_one_prefill_each(tiny_target_only_artifact, monkeypatch):
+    from specdec.cli import bench
     from specdec.cli.bench import _paired_prefills
     from specdec.runtime.engine import Engine
 
@@ -101,8 +102,11 @@ def test_paired_prefills_alternate_who_goes_first_and_time_one_prefill_each(tiny
 
     generate = engine.generate
     engine.generate = lambda ids, config: order.append("specdec") or generate(ids, config)
+    monkeypatch.setattr(bench, "_settle", lambda: order.append("settle"))
     pairs = _paired_prefills(engine, Genai(), {"a": [5, 6, 7], "b": [8, 9]}, 3, lambda message: None)
     assert sorted(pairs) == ["a", "b"] and all(len(rounds) == 3 for rounds in pairs.values())
     assert all(genai == 0.5 and 0 < mine < 5 for rounds in pairs.values() for mine, genai in rounds)
-    # per prompt: genai's warm-up prefill, then rounds led by specdec, genai, specdec
-    assert order[:7] == ["genai", "specdec", "genai", "genai", "specdec", "specdec", "genai"]
+    # per prompt: genai's warm-up prefill, then rounds led by specdec, genai, specdec; each timed
+    # prefill starts on a settled machine (the other side's tail slows a call that starts right after it)
+    assert order[:13] == ["genai", "settle", "specdec", "settle", "genai", "settle", "genai", "settle", "specdec",
+                          "settle", "specdec", "settle", "genai"]
