@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 # Idle seconds before each side's timed work when specdec and an anchor take turns: a call that
-# starts within ~10 ms of the other process's runs ~9% slower (its threads and clean-up still hold
-# the two cores), 50 ms later it does not (docs/FAIR_ANCHORS.md, round 11); without the pause whoever
-# went second paid, and paired ratios fell in two clusters.
+# starts within ~10 ms of the other process's runs ~9% slower (that process's onnxruntime threads
+# still spin-wait on the two cores), 50 ms later it does not (docs/FAIR_ANCHORS.md, round 11);
+# without the pause whoever went second paid, and paired ratios fell in two clusters.
 SETTLE_SECONDS = 0.1
 
 
