@@ -77,9 +77,15 @@ def main() -> None:
                    "instead of the fp32 one, with an error bound per token; the few tokens whose bound reaches "
                    "the best are recomputed in fp32, so the argmax is the fp32 head's. A greedy SmolLM2 step reads "
                    "~28 MB of head instead of 113 (docs/DESIGN.md); sampling keeps the fp32 head. Adds ~140 MB.")
+@click.option("--long-call-attention/--no-long-call-attention", default=True, show_default=True,
+              help="fp32 targets with a shared KV buffer: wrap each attention in an If that sends calls over 64 "
+                   "tokens (prefills) to onnxruntime's causal kernel, shorter ones to its flash kernel. On an "
+                   "Intel Xeon (AVX-512) it took 9-13% off a 285-token prefill; on an AMD EPYC (AVX2) the prefill "
+                   "is level and every step pays ~0.5 ms for the Ifs (decode ~3.7% slower): off there "
+                   "(docs/FAIR_ANCHORS.md, rounds 6-11).")
 @one_line_errors
 def export(target, draft, output, dtype, weights, device, opset, trust_remote_code, force, atol, min_agreement,
-           revision, optimize, shared_kv, exact_steps, greedy_head) -> None:
+           revision, optimize, shared_kv, exact_steps, greedy_head, long_call_attention) -> None:
     """Export a draft and a target model into one validated artifact folder."""
     from specdec.exporter.pipeline import ExportConfig, run_export
 
@@ -101,6 +107,7 @@ def export(target, draft, output, dtype, weights, device, opset, trust_remote_co
         shared_kv=shared_kv,
         exact_steps=exact_steps,
         greedy_head=greedy_head,
+        long_call_attention=long_call_attention,
         command=" ".join(["specdec"] + sys.argv[1:]),
     )
     run_export(config, progress)

@@ -70,6 +70,9 @@ class ExportConfig:
     exact_steps: bool = False
     # an 8-bit copy of an fp32 target's LM head that greedy calls read instead (exporter/greedy_head.py)
     greedy_head: bool = False
+    # fp32 shared-KV graphs: each attention in an If choosing onnxruntime's causal kernel for long calls
+    # (exporter/long_call_attention.py); off: one kernel, no If for steps to pay
+    long_call_attention: bool = True
     revision: str | None = None
     command: str | None = None  # the command line, recorded in provenance
     library_versions: dict[str, str] = field(default_factory=dict)
@@ -162,7 +165,8 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
             optimization["attention_pad"] = {"layers": pad_attention_file(folder / layout.files[0]), "rows": pad_rows}
         else:
             progress(f"{role}: no shared KV buffer (GroupQueryAttention) here: steps keep their own attention path")
-    if shared and config.optimize and config.dtype == "fp32" and not config.weights and not pad_attention:
+    if (shared and config.optimize and config.long_call_attention and config.dtype == "fp32" and not config.weights
+            and not pad_attention):
         # float32 attention only (the flash/causal choice is a float32 CPU kernel matter), and not in graphs that
         # promise a token scores alike in calls of any length (the attention pad; int4 at level 4 turns the
         # kernels' last-bit difference into ~0.3 in logits): one kernel there.

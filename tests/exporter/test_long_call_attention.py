@@ -116,3 +116,20 @@ def test_the_export_validates_the_long_call_kernel_against_pytorch(tiny_target):
     assert validation["max_logit_diff_long_call"] <= validation["max_logit_diff_prefill"] <= validation["atol"]
     shown = CliRunner().invoke(main, ["inspect", str(artifact)]).output
     assert f"calls over {LONG_CALL_ROWS} tokens (prefills) take onnxruntime's causal kernel" in shown
+
+
+def test_an_export_without_long_call_attention_has_one_kernel_and_no_if(export_tiny_llama):
+    artifact = export_tiny_llama("no-long-call", long_call_attention=False)
+    manifest = load_manifest(artifact)
+    spec = manifest.target
+    graph = onnx.load(str(artifact / spec.graph_file)).graph
+    assert spec.long_call_name is None and LONG_CALL_NAME not in {i.name for i in graph.input}
+    assert not [n for n in graph.node if n.op_type == "If"]
+    assert len([n for n in graph.node if n.op_type == "GroupQueryAttention"]) == spec.num_layers
+    assert "long_call_attention" not in spec.optimization
+    assert manifest.validation["target"]["max_logit_diff_long_call"] is None
+    engine = Engine.load(artifact, provider="cpu")
+    prompt = _prompt(LONG_CALL_ROWS + 20, seed=3)
+    reference = engine.generate(prompt, GenerationConfig(max_new_tokens=24, drafter="none"))
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=24, drafter="ngram", num_draft_tokens=4, ngram_min=1))
+    assert result.token_ids == reference.token_ids
