@@ -100,8 +100,7 @@ def target_vs_genai_section(rows: Sequence[dict]) -> list[str]:
         lines[-1] += (f" Paired: after the runs, {rows[0]['paired_rounds']} rounds per prompt of one specdec and one "
                       "genai prefill back to back (who goes first alternates), so a burst of load falls on both, each "
                       f"after {SETTLE_SECONDS:g} s idle (a call that starts within ~10 ms of the other process's runs "
-                      "~9% slower); "
-                      "the median of the rounds' ratios, and their range. The goal reads the paired ratio.")
+                      "~9% slower); the median of the rounds' ratios, and their range. The goal reads the paired ratio.")
     lines += [
         "",
         "| prompt | prompt tokens | specdec decode tok/s | genai decode tok/s | specdec / genai | "
