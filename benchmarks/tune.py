@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from specdec.models.manifest import update_runtime_defaults
-from specdec.runtime.calibration import step_times
+from specdec.runtime.calibration import CALIBRATION_CONTEXT, step_times, timing_context
 from specdec.runtime.call_costs import relative_costs_from_step_times, verify_cost_from_calls
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
+from specdec.runtime.session import ModelSession
 from specdec.runtime.theory import expected_speedup, expected_speedup_over_lengths
 
 
@@ -40,6 +41,9 @@ class TuneReport:
     recommended_k: int | str = 1  # the best measured K, or "auto" when auto measured better still
     auto_measured: float | None = None  # `-k auto` (capped at max_k) measured like each fixed K
     auto_alpha: float | None = None
+    # a CALIBRATION_CONTEXT-token prefill through the long-call kernel over one through the short-call
+    # kernel (None: the graph has one kernel, exported with --no-long-call-attention or not fp32)
+    long_call_prefill_ratio: float | None = None
 
     @property
     def call_costs(self) -> list[float]:
@@ -112,6 +116,32 @@ def _measure_k(engine: Engine, prompts: Sequence[PromptCase], base: GenerationCo
     return _Measured(spec_rate / plain_rate, accepted, tests, lengths, plain_rate)
 
 
+LONG_CALL_ROUNDS = 5
+# Below this prefill ratio the long-call kernel is worth its Ifs, which every call pays (~0.5 ms a SmolLM2
+# step on 2 cores): a Xeon read 0.87-0.91x, an AMD EPYC 0.97-1.00x (docs/FAIR_ANCHORS.md, rounds 6-11).
+LONG_CALL_WORTH = 0.95
+
+
+def long_call_prefill_ratio(session: ModelSession, context: list[int], rounds: int = LONG_CALL_ROUNDS) -> float | None:
+    """Return the median over alternating rounds of (a prefill of `context` through the graph's long-call
+    kernel) / (the same prefill through its short-call kernel), or None when the graph has one kernel."""
+    if not session.spec.long_call_name:
+        return None
+    kept = session.long_call_rows
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for round_index in range(rounds + 1):  # the first round warms both kernels up and is not kept
+            for long_kernel in ((True, False) if round_index % 2 == 0 else (False, True)):
+                session.long_call_rows = 0 if long_kernel else len(context)
+                cache = session.new_cache()
+                session.forward(cache, context, logits_rows=1)
+                if round_index:
+                    seconds[long_kernel].append(cache.run_seconds)
+    finally:
+        session.long_call_rows = kept
+    return statistics.median(a / b for a, b in zip(seconds[True], seconds[False]))
+
+
 def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int = 16, max_new_tokens: int = 64,
          measure: bool = True, repeats: int = 1,
          progress: Callable[[str], None] = lambda message: None) -> TuneReport:
@@ -165,6 +195,10 @@ def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int
         auto = _measure_k(engine, prompts, replace(base, max_draft_tokens_auto=max_k), "auto", repeats)
         report.auto_measured, report.auto_alpha = auto.speedup, auto.alpha
     report.recommended_k = recommend(report.rows, report.auto_measured, measure)
+    if engine.target.spec.long_call_name:
+        progress("timing prefills through the long-call and the short-call attention kernel")
+        report.long_call_prefill_ratio = long_call_prefill_ratio(
+            engine.target, timing_context(context, engine.target.spec.max_positions - 1))
     return report
 
 
@@ -187,6 +221,12 @@ def format_table(report: TuneReport) -> str:
         marker = " **recommended**" if report.recommended_k == "auto" else ""
         lines.append(f"| auto (cap {len(report.rows)}){marker} | {report.auto_alpha:.2f} | - | - | "
                      f"{report.auto_measured:.2f}x |")
+    if report.long_call_prefill_ratio is not None:
+        ratio = report.long_call_prefill_ratio
+        lines += ["", f"long-call attention kernel: a {CALIBRATION_CONTEXT}-token prefill {ratio:.2f}x the short-call "
+                  "kernel's; its Ifs cost every call ~0.5 ms (SmolLM2, 2 cores). "
+                  + ("Worth keeping on this machine." if ratio < LONG_CALL_WORTH else
+                     "Not worth them on this machine: export with --no-long-call-attention.")]
     return "\n".join(lines)
 
 

@@ -335,7 +335,9 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
 @one_line_errors
 def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, repeats, no_measure, plot, no_plot, no_save, provider,
          threads, as_json) -> None:
-    """Measure c and alpha, compare expected and measured speedup for K = 1..max-k and auto, store the best."""
+    """Measure c and alpha, compare expected and measured speedup for K = 1..max-k and auto, store the best;
+    where the target has two attention kernels, time a prefill through each and say whether the long-call
+    one is worth its Ifs on this machine."""
     from specdec.benchmarks.tune import format_table, save_tuned_defaults, tune as run_tune
     from specdec.runtime.engine import Engine
     from specdec.runtime.prompts import DEFAULT_PROMPTS, load_prompts

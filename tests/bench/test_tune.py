@@ -70,6 +70,29 @@ def test_tune_stores_k_that_the_runtime_then_uses(tiny_artifacts, tmp_path):
         assert engine.target_call_costs.relative(n) == pytest.approx(pooled[n])
     stats = engine.generate("Hello", GenerationConfig(max_new_tokens=6)).stats
     assert stats.num_draft_tokens == str(stored["num_draft_tokens"]) and stats.drafter == "model"
+    # The tiny llama graph has both attention kernels: tune times a prefill through each and says which way to go.
+    assert re.search(r"^long-call attention kernel: a 256-token prefill \d+\.\d\dx the short-call kernel's; .*"
+                     r"(Worth keeping|export with --no-long-call-attention)", result.output, flags=re.MULTILINE)
+
+
+def test_the_long_call_prefill_ratio_times_each_kernel_and_restores_the_switch(tiny_artifacts, export_tiny_llama):
+    from specdec.benchmarks.tune import long_call_prefill_ratio
+
+    target = Engine.load(tiny_artifacts["llama"], provider="cpu").target
+    kept = target.long_call_rows
+    fed = []  # the long_call input of every call, as the session binds it
+    forward = target.forward
+
+    def spying_forward(cache, tokens, **kwargs):
+        fed.append(len(tokens) > target.long_call_rows)
+        return forward(cache, tokens, **kwargs)
+
+    target.forward = spying_forward
+    ratio = long_call_prefill_ratio(target, list(range(5, 85)), rounds=3)
+    assert 0.2 < ratio < 5 and target.long_call_rows == kept
+    assert fed == [True, False, False, True, True, False, False, True]  # a warm-up round, then 3 alternating
+    one_kernel = Engine.load(export_tiny_llama("no-long-call", long_call_attention=False), provider="cpu")
+    assert long_call_prefill_ratio(one_kernel.target, list(range(5, 85))) is None
 
 
 def test_bad_prompt_file(tmp_path):
