@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from specdec.models.manifest import update_runtime_defaults
-from specdec.runtime.calibration import CALIBRATION_CONTEXT, step_times, timing_context
+from specdec.runtime.calibration import step_times, timing_context
 from specdec.runtime.call_costs import relative_costs_from_step_times, verify_cost_from_calls
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.prompts import PromptCase
@@ -41,9 +41,10 @@ class TuneReport:
     recommended_k: int | str = 1  # the best measured K, or "auto" when auto measured better still
     auto_measured: float | None = None  # `-k auto` (capped at max_k) measured like each fixed K
     auto_alpha: float | None = None
-    # a CALIBRATION_CONTEXT-token prefill through the long-call kernel over one through the short-call
+    # a prefill of long_call_prefill_tokens through the long-call kernel over one through the short-call
     # kernel (None: the graph has one kernel, exported with --no-long-call-attention or not fp32)
     long_call_prefill_ratio: float | None = None
+    long_call_prefill_tokens: int = 0
 
     @property
     def call_costs(self) -> list[float]:
@@ -197,8 +198,9 @@ def tune(engine: Engine, prompts: Sequence[PromptCase], drafter: str, max_k: int
     report.recommended_k = recommend(report.rows, report.auto_measured, measure)
     if engine.target.spec.long_call_name:
         progress("timing prefills through the long-call and the short-call attention kernel")
-        report.long_call_prefill_ratio = long_call_prefill_ratio(
-            engine.target, timing_context(context, engine.target.spec.max_positions - 1))
+        prefill = timing_context(context, engine.target.spec.max_positions - 1)
+        report.long_call_prefill_ratio = long_call_prefill_ratio(engine.target, prefill)
+        report.long_call_prefill_tokens = len(prefill)
     return report
 
 
@@ -223,8 +225,8 @@ def format_table(report: TuneReport) -> str:
                      f"{report.auto_measured:.2f}x |")
     if report.long_call_prefill_ratio is not None:
         ratio = report.long_call_prefill_ratio
-        lines += ["", f"long-call attention kernel: a {CALIBRATION_CONTEXT}-token prefill {ratio:.2f}x the short-call "
-                  "kernel's; its Ifs cost every call ~0.5 ms (SmolLM2, 2 cores). "
+        lines += ["", f"long-call attention kernel: a {report.long_call_prefill_tokens}-token prefill {ratio:.2f}x "
+                  "the short-call kernel's; its Ifs cost every call ~0.5 ms (SmolLM2, 2 cores). "
                   + ("Worth keeping on this machine." if ratio < LONG_CALL_WORTH else
                      "Not worth them on this machine: export with --no-long-call-attention.")]
     return "\n".join(lines)
