@@ -54,7 +54,7 @@ bench-quick: $(STAMP) $(ARTIFACT)/specdec.json
 
 # The 12 held-out prompts the defaults were checked on (no anchors: ~3.5 min on 2 cores).
 bench-heldout: $(STAMP) $(ARTIFACT)/specdec.json
-	$(BIN)/specdec bench $(ARTIFACT) --prompts benchmarks/prompts-heldout.jsonl --no-anchors \
+	$(BIN)/specdec bench $(ARTIFACT) --prompts specdec/benchmarks/prompts-heldout.jsonl --no-anchors \
 		--output benchmarks/out/heldout --results benchmarks/RESULTS-heldout.md
 
 # A trained draft head for SmolLM2 (specdec distill, docs/DISTILL.md), in a copy of the artifact so the

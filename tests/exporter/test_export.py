@@ -246,7 +246,7 @@ def test_failed_validation_refuses(tiny_sources, tmp_path):
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("model_type", ["qwen2", "mistral", "phi3"])
 def test_other_llama_like_families_export_and_run(model_type, dtype, tmp_path):
-    """The families listed in models/architectures.py besides llama and gpt2, as tiny random models."""
+    """The families listed in specdec/models/architectures.py besides llama and gpt2, as tiny random models."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -19,7 +19,7 @@ import pytest
 
 from specdec.models.manifest import load_manifest
 
-# progress lines the export prints (exporter/pipeline.py), each a point to kill it at
+# progress lines the export prints (specdec/exporter/pipeline.py), each a point to kill it at
 KILL_POINTS = ["target: exporting to ONNX", "target: optimizing the graph", "target: validating ONNX against PyTorch"]
 
 

@@ -56,7 +56,7 @@ def test_export_packs_projections_with_rotary_inside_attention(tiny_artifacts):
         assert any(f"rotary inside GroupQueryAttention ({spec.num_layers} layers)" in step
                    for step in spec.optimization["applied"])
         model = onnx.load(str(tiny_artifacts["llama"] / spec.graph_file))
-        # each attention sits in an If (exporter/long_call_attention.py): its short branch is the op as packed
+        # each attention sits in an If (specdec/exporter/long_call_attention.py): its short branch is the op as packed
         attention = [n for wrapper in model.graph.node if wrapper.op_type == "If"
                      for n in next(a.g for a in wrapper.attribute if a.name == "else_branch").node
                      if n.op_type == "GroupQueryAttention"]

@@ -49,7 +49,7 @@ def test_quantized_target_validates_and_decodes_exactly(quantized_artifacts, wei
     assert report["tokens"] > 0 and report["check"].startswith("teacher-forced")
     graph = onnx.load(str(out / spec.graph_file))
     assert any(node.op_type == "MatMulNBits" for node in graph.graph.node)
-    # one attention kernel for calls of every length (exporter/long_call_attention.py is for float graphs)
+    # one attention kernel for calls of every length (specdec/exporter/long_call_attention.py is for float graphs)
     assert spec.long_call_name is None and not any(node.op_type == "If" for node in graph.graph.node)
     # At level 4 SmolLM2's 1-token steps scored a position up to 1.2 logits away from verify calls: an
     # int4 target keeps level 4 and its attention never runs on one query row; int8 computes in fp32 (level 1).

@@ -1,4 +1,4 @@
-"""The phrase table (runtime/phrases.py) and the n-gram drafter that falls back on it."""
+"""The phrase table (specdec/runtime/phrases.py) and the n-gram drafter that falls back on it."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """What one target call over n tokens costs, relative to a 1-token call: a table per n, kept from timings.
 
-Pure bookkeeping over numbers; timing calls is runtime/calibration.py's job. A table, not a
+Pure bookkeeping over numbers; timing calls is specdec/runtime/calibration.py's job. A table, not a
 line: on CPUs the cost steps with n (docs/DESIGN.md, "Adaptive K").
 """
 

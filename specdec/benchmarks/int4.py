@@ -9,7 +9,7 @@ One run, alternating within every repeat (order reversed on odd repeats):
 Speedups are per prompt and repeat against the same engine's target-only run of that repeat
 (genai: against specdec int4 target-only), then the median over repeats. Also measured: the
 teacher-forced agreement of both int4 graphs with the fp32 PyTorch model's greedy answers
-(exporter/agreement.py's prompts), genai's graph driven by onnxruntime directly.
+(specdec/exporter/agreement.py's prompts), genai's graph driven by onnxruntime directly.
 Writes bench JSON, a Markdown report and a plot (docs/INT4.md explains the figures).
 """
 
@@ -230,7 +230,7 @@ def plot(doc: dict, path: Path) -> None:
 @click.option("--genai-int4", type=click.Path(path_type=Path), default=None,
               help="genai's int4 build (make anchors-genai-int4).")
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
-              help="JSON-lines prompt set (default: benchmarks/prompts.jsonl).")
+              help="JSON-lines prompt set (default: specdec/benchmarks/prompts.jsonl).")
 @click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=128, show_default=True,
               help="Greedy tokens per prompt and run.")
 @click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True,

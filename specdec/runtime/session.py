@@ -28,7 +28,7 @@ def check_kv_buffer_device(spec: GraphSpec, device: str) -> None:
             "--dtype fp16, or with --no-shared-kv")
 
 
-# Calls longer than this take a graph's long-call attention kernel (exporter/long_call_attention.py):
+# Calls longer than this take a graph's long-call attention kernel (specdec/exporter/long_call_attention.py):
 # above any verify call (MAX_DRAFT_TOKENS + 1 rows), so steps and verify calls keep one kernel and
 # only prefills switch; and where the causal kernel measured faster (SmolLM2 prefills, 2 cores:
 # 0.90-0.91x at 256-384 tokens, level at 16-64; docs/FAIR_ANCHORS.md).
@@ -91,7 +91,7 @@ DEFAULT_CAPACITY = 256  # positions a shared-buffer cache starts with when the c
 def reads_greedy_head(spec: GraphSpec, rows: int) -> bool:
     """Return whether a greedy call keeping `rows` logits rows reads the 8-bit head (else the fp32 one).
 
-    Long verify calls read the fp32 head, cheaper there (runtime/greedy_head.py, MAX_ROWS); a graph that
+    Long verify calls read the fp32 head, cheaper there (specdec/runtime/greedy_head.py, MAX_ROWS); a graph that
     scores a token alike in calls of every length (attention pad, min_rows) keeps one head for all.
     """
     return rows <= GREEDY_HEAD_MAX_ROWS or spec.attention_pad_rows > 0 or spec.min_rows > 1
@@ -201,7 +201,7 @@ class ModelSession:
         target's features (every row runs through the last layer then; a graph with a row-start input
         for its LM head, `head_row_start_name` or a greedy head's, still runs it on the `logits_rows`
         only). With `greedy` and a `greedy_head` (CPU), the rows hold only what greedy decoding reads:
-        the fp32 logit of every token that may be its row's argmax, -inf elsewhere (runtime/greedy_head.py);
+        the fp32 logit of every token that may be its row's argmax, -inf elsewhere (specdec/runtime/greedy_head.py);
         calls over more than its MAX_ROWS rows read the fp32 head, unless the graph scores tokens alike in
         calls of every length.
         """

@@ -62,7 +62,7 @@ def replay_ngram(prompt_ids: list[int], output_ids: list[int], k: int | None, co
 
     ngram_min: the drafter's shortest suffix (2: what a fixed K drafts from; 1: what `auto`
     drafts from; since the oracle may skip any proposal, its bound never drops with more).
-    Follows runtime/loop.py: the prefill commits output_ids[0]; each iteration drafts
+    Follows specdec/runtime/loop.py: the prefill commits output_ids[0]; each iteration drafts
     min(K, tokens left - 1) tokens, one target call verifies them, the accepted prefix and
     one more token are committed. The oracle is the cheapest of all draft-length choices,
     found exactly by dynamic programming: the index only ever holds committed tokens, so

@@ -1,7 +1,7 @@
 """The exporter's optimization stage: graph rewrites that make decoding faster, where they pay off.
 
 Rewrites, each recorded in the manifest:
-- onnxruntime's transformer fusions, for the families `models/architectures.py` names
+- onnxruntime's transformer fusions, for the families `specdec/models/architectures.py` names
   (`ort_fusion_type`), chosen by measurement on this project's machines;
 - attention over one shared, preallocated KV buffer per tensor (`shared_kv.py`,
   onnxruntime's GroupQueryAttention), for the families marked `shared_kv_buffer`;

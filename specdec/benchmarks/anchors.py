@@ -1,7 +1,7 @@
 """What users would run instead, measured on the same prompts: Hugging Face transformers in PyTorch.
 
 Needs the `export` extra (torch, transformers). onnxruntime-genai lives in its own venv
-(see benchmarks/genai_anchor.py), since its builder needs transformers >= 5.
+(see specdec/benchmarks/genai_anchor.py), since its builder needs transformers >= 5.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python -m specdec.benchmarks.distill_bench ART [--plain PLAIN_ART] [--repeats 2] [--json]
 
-Per prompt of benchmarks/prompts.jsonl and prompts-heldout.jsonl: decode tok/s of each
+Per prompt of specdec/benchmarks/prompts.jsonl and prompts-heldout.jsonl: decode tok/s of each
 configuration over target-only's in the same repeat (configurations alternate inside a
 repeat, so a busy machine slows all alike), per-token acceptance (alpha), acceptance per
 draft position, the draft's cost c, and Theorem 3.8's speedup for the measured alpha and c.

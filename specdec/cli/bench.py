@@ -24,7 +24,7 @@ PAIRED_PREFILL_ROUNDS = 8  # per prompt: one specdec and one genai prefill back 
 
 
 def _settle() -> None:
-    """Leave the machine idle before one side's timed work (benchmarks/anchors.py: SETTLE_SECONDS)."""
+    """Leave the machine idle before one side's timed work (specdec/benchmarks/anchors.py: SETTLE_SECONDS)."""
     from specdec.benchmarks.anchors import SETTLE_SECONDS
 
     time.sleep(SETTLE_SECONDS)
@@ -90,7 +90,7 @@ def _versions() -> dict[str, str]:
 @click.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
-              help="JSON-lines prompt set (default: the versioned set shipped with specdec, benchmarks/prompts.jsonl).")
+              help="JSON-lines prompt set (default: the versioned set shipped with specdec, specdec/benchmarks/prompts.jsonl).")
 @click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=128, show_default=True,
               help="Tokens generated per prompt and run (greedy).")
 @click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True,

@@ -98,17 +98,17 @@ class GraphSpec:
     # attention_pad_rows instead, same numbers): the runtime pads a shorter call with throwaway
     # positions past the cache's length (shared KV buffer only), so no call has a 1-row attention.
     min_rows: int = 1
-    # Throwaway query rows the graph's attention appends to every call (exporter/attention_rows.py),
+    # Throwaway query rows the graph's attention appends to every call (specdec/exporter/attention_rows.py),
     # so no token goes through the op's 1-row path: the graph writes that many positions past the
     # call in the shared KV buffer, which must have room for them (max_positions leaves it).
     attention_pad_rows: int = 0
     # `specdec export --greedy-head`: an 8-bit copy of the LM head in the graph that greedy calls read
-    # instead of the fp32 one (exporter/greedy_head.py, runtime/greedy_head.py). Keys: weights, norms
+    # instead of the fp32 one (specdec/exporter/greedy_head.py, specdec/runtime/greedy_head.py). Keys: weights, norms
     # (artifact-relative files, in sha256), row_start_name / approx_row_start_name (inputs: 0 runs that
     # head, a huge value skips it), approx_name (the 8-bit logits), input_name (the rows both heads
     # read); None: no such head.
     greedy_head: dict[str, Any] | None = None
-    # bool [1] input choosing each attention's kernel (exporter/long_call_attention.py): true takes
+    # bool [1] input choosing each attention's kernel (specdec/exporter/long_call_attention.py): true takes
     # onnxruntime's causal-softmax kernel, faster for a prefill; the runtime sets it for calls longer
     # than any verify call. None: the graph has one kernel.
     long_call_name: str | None = None
@@ -192,7 +192,7 @@ class FeatureDraftSpec:
 
 @dataclass(frozen=True)
 class PhraseTableSpec:
-    """`specdec phrases`' table of the target's own usual continuations (runtime/phrases.py).
+    """`specdec phrases`' table of the target's own usual continuations (specdec/runtime/phrases.py).
 
     Only token ids are in it, so it fits any graph of the same tokenizer; `built` records what
     made it (answers, tokens, minutes, seed, the counting settings, the target graph's sha256).

@@ -30,7 +30,7 @@ SEEN_ONCE = "seen once"  # the matched n-gram occurred once before
 REPEATED = "repeated"  # it occurred several times, followed by the same token every time
 AMBIGUOUS = "ambiguous"  # it occurred several times, followed by different tokens
 SITUATIONS = (NO_MATCH, SEEN_ONCE, REPEATED, AMBIGUOUS)
-PHRASE_TABLE = "phrase table"  # no 2+-token match in the context: the target's own phrasing proposes (runtime/phrases.py)
+PHRASE_TABLE = "phrase table"  # no 2+-token match in the context: the target's own phrasing proposes (specdec/runtime/phrases.py)
 # A match of a single token is a much weaker hint than one of two or more, so it gets labels
 # of its own (under min_n = 1 only): "seen once, 1-token match" and so on.
 ONE_TOKEN_MATCH = ", 1-token match"

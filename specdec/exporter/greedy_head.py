@@ -12,7 +12,7 @@ one, each reading the kept rows from an index given as an input:
 
 and writes `greedy_head/lm_head.npy` (the fp32 head, [vocab, hidden], read row by row) and
 `greedy_head/norms.npy` ([2, vocab]: |w_j| and |w_j - w'_j|, w' the 8-bit rows as the kernel sees
-them). The runtime (`runtime/greedy_head.py`) bounds every fp32 logit from the 8-bit one and
+them). The runtime (`specdec/runtime/greedy_head.py`) bounds every fp32 logit from the 8-bit one and
 recomputes in fp32 only the tokens whose bound reaches the best lower bound: on SmolLM2's bench
 prompts, 5-50 of 49,152 per token on average.
 """

@@ -40,7 +40,7 @@ class ArchitectureSpec:
     # one walks the whole graph (on SmolLM2 these five cost ~6 s of an export and change no node).
     ort_fusions_off: tuple[str, ...] = ()
     # Rewrite attention into onnxruntime's GroupQueryAttention over one preallocated KV
-    # buffer per tensor (exporter/shared_kv.py). Only for families whose attention is causal
+    # buffer per tensor (specdec/exporter/shared_kv.py). Only for families whose attention is causal
     # softmax attention, full or over a sliding window (no alibi, no softcapping).
     shared_kv_buffer: bool = False
     # Config key of the sliding attention window (None: the family always attends to the whole past).

@@ -66,12 +66,12 @@ class ExportConfig:
     optimize: bool = True  # run the optimization stage (onnxruntime fusions) where the family has one
     shared_kv: bool = True  # in that stage, one preallocated KV buffer per tensor where the family allows it
     # a float target's attention over 2+ query rows, so steps and verify calls score alike to the bit
-    # (int4 targets always get it; see exporter/attention_rows.py)
+    # (int4 targets always get it; see specdec/exporter/attention_rows.py)
     exact_steps: bool = False
-    # an 8-bit copy of an fp32 target's LM head that greedy calls read instead (exporter/greedy_head.py)
+    # an 8-bit copy of an fp32 target's LM head that greedy calls read instead (specdec/exporter/greedy_head.py)
     greedy_head: bool = False
     # fp32 shared-KV graphs: each attention in an If choosing onnxruntime's causal kernel for long calls
-    # (exporter/long_call_attention.py); off: one kernel, no If for steps to pay
+    # (specdec/exporter/long_call_attention.py); off: one kernel, no If for steps to pay
     long_call_attention: bool = True
     revision: str | None = None
     command: str | None = None  # the command line, recorded in provenance

@@ -136,7 +136,7 @@ class KVCache:
 
     def __post_init__(self):
         self.inputs = DeviceInputs(self.device)
-        # The model session's reusable IOBindings for this cache (runtime/session.py CallBinding),
+        # The model session's reusable IOBindings for this cache (specdec/runtime/session.py CallBinding),
         # keyed by which outputs they fetch; they reference the buffers, so they go when those do.
         self.bindings: dict = {}
 

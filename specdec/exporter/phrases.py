@@ -1,4 +1,4 @@
-"""`specdec phrases`: count the target's own usual continuations into the artifact (runtime/phrases.py).
+"""`specdec phrases`: count the target's own usual continuations into the artifact (specdec/runtime/phrases.py).
 
 The target (PyTorch, the export extra) answers shipped prompts greedily until the budget runs
 out; the answers are counted into a phrase table, checked on answers to held-out prompts

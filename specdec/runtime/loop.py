@@ -58,7 +58,7 @@ class DecodeRequest:
 class Iteration:
     """What one target call committed, and what it cost.
 
-    Counts follow runtime/acceptance.py's terms. An EOS among the accepted drafts ends the
+    Counts follow specdec/runtime/acceptance.py's terms. An EOS among the accepted drafts ends the
     iteration there: the drafts after it are neither committed nor counted.
     """
 
@@ -101,11 +101,11 @@ def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np
     as the target's own (token for token under greedy).
     """
     request.check()
-    # A drafter that reads the target's features (runtime/eagle.py) gets the hidden rows of every call.
+    # A drafter that reads the target's features (specdec/runtime/eagle.py) gets the hidden rows of every call.
     hidden = drafter is not None and draft_length is not None and getattr(drafter, "reads_hidden", False)
     states = None
     start = time.perf_counter()
-    # Greedy calls may read the target's 8-bit LM head instead of its fp32 one (runtime/greedy_head.py):
+    # Greedy calls may read the target's 8-bit LM head instead of its fp32 one (specdec/runtime/greedy_head.py):
     # the same argmax, fewer bytes.
     greedy = request.sampling.greedy
     logits = target.forward(cache, request.prompt_ids, logits_rows=1, hidden=hidden, greedy=greedy)  # the last row

@@ -196,7 +196,7 @@ class Engine:
         if k is None:
             k = self.manifest.runtime_defaults.num_draft_tokens or DEFAULT_DRAFT_TOKENS
         if k == "auto":
-            # A combined drafter serves situations at different costs (runtime/combined.py): one c each.
+            # A combined drafter serves situations at different costs (specdec/runtime/combined.py): one c each.
             combined = self.drafter_kind(config.drafter).startswith("ngram+")
             return AdaptiveDraftLength(max_k=config.max_draft_tokens_auto, call_costs=self.target_call_costs,
                                        cost_per_situation=combined), "auto"

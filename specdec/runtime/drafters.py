@@ -142,7 +142,7 @@ class ModelDrafter:
 class NgramDrafter:
     """Prompt-lookup drafting: copies what followed the latest earlier match of the context's suffix.
 
-    With a phrase table (runtime/phrases.py), where the context has no 2+-token match the
+    With a phrase table (specdec/runtime/phrases.py), where the context has no 2+-token match the
     target's own usual continuation is proposed instead. A deterministic proposal either way:
     q is one-hot, so acceptance is p(x) and the residual is p without x; the output stays
     exactly the target's.

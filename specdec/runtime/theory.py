@@ -1,7 +1,7 @@
 """The speedup speculative decoding should give: Leviathan et al. 2023, Theorem 3.8, with a call-cost function.
 
 The paper takes a target call over k+1 tokens to cost one plain step. On real hardware it
-costs call_cost(k+1) steps, measured (runtime/call_costs.py); every formula here takes that
+costs call_cost(k+1) steps, measured (specdec/runtime/call_costs.py); every formula here takes that
 function, and `paper_call_cost` gives the paper's numbers back.
 """
 

@@ -52,7 +52,7 @@ def providers_for(requested: str) -> list[str]:
 
 # Every CUDA session's provider options (docs/GPU.md, "Arena"): the arena grows by what is asked
 # rather than to the next power of two, since KV buffers are allocated once and pooled
-# (runtime/kv_cache.py) and per-step activations repeat in size: doubling would only strand memory.
+# (specdec/runtime/kv_cache.py) and per-step activations repeat in size: doubling would only strand memory.
 CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested"}
 
 

@@ -68,7 +68,7 @@ class AdaptiveDraftLength:
     cooldown: int = 16  # plain iterations (in one situation) before probing again
     probe_k: int = 2
     # One c per situation, from the drafting time each iteration spent per drafted token: for a
-    # drafter that serves situations differently (runtime/combined.py: prompt lookup costs ~0,
+    # drafter that serves situations differently (specdec/runtime/combined.py: prompt lookup costs ~0,
     # a model draft ~c), one shared c would misprice every situation.
     cost_per_situation: bool = False
     _estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)

@@ -14,7 +14,7 @@ The rewrite wraps each GroupQueryAttention in an If on one new graph input, `lon
 [1]): its then-branch is the same op with a -inf `head_sink`, its else-branch the op as it was.
 Both branches read the same outer values (weights are not copied) and write the same present
 tensors, so the shared KV buffer is still written in place. The runtime sets the input for calls
-longer than any verify call (`runtime/session.py`, `LONG_CALL_ROWS`), so a prefill takes the
+longer than any verify call (`specdec/runtime/session.py`, `LONG_CALL_ROWS`), so a prefill takes the
 causal kernel and steps and verify calls keep the kernel they had: speculative greedy output is
 unchanged, since target-only and speculative decoding prefill the same prompt alike.
 The Ifs cost every call ~0.5 ms on SmolLM2 (30 of them; 0.4-2.9% of a step), against ~70 ms
