@@ -10,10 +10,12 @@ a shorter length on the next call; nothing is copied.
 The rewrite keeps the graph's projections, rotary embedding and MLP, and replaces, per
 layer, everything from the rotated Q/K and the new V to the attention output
 (concat, repeat_kv, scores, mask, softmax, weighted sum) with one GroupQueryAttention node
-(rotary off: it is already applied). The graph gains two inputs, `seqlens_k` (int32 [1]:
-total length - 1) and `total_sequence_length` (int32 scalar), and loses `attention_mask`.
-Only batch 1 without padding is driven this way (the runtime's case): the causal mask is
-the op's own. Layers must all match, or nothing is rewritten.
+(rotary off: it is already applied). The graph gains two inputs, `seqlens_k` (int32 [batch]:
+each row's total length - 1) and `total_sequence_length` (int32 scalar), and loses `attention_mask`.
+The causal mask is the op's own. Batch 1 takes any number of new tokens; a batch of several rows
+takes one new token per row (onnxruntime's CPU kernel refuses more with a past), each row with its
+own length: the batch engine's decode rows (specdec/runtime/batch.py). Layers must all match, or
+nothing is rewritten.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def fuse_shared_kv_attention(model: onnx.ModelProto, num_layers: int, num_heads:
             ordered.append(node)
     del graph.node[:]
     graph.node.extend(ordered)
-    graph.input.extend([helper.make_tensor_value_info(SEQLENS_NAME, TensorProto.INT32, [1]),
+    graph.input.extend([helper.make_tensor_value_info(SEQLENS_NAME, TensorProto.INT32, ["batch_size"]),
                         helper.make_tensor_value_info(TOTAL_LENGTH_NAME, TensorProto.INT32, [])])
     remove_dead_nodes(graph)
     used = {name for node in graph.node for name in node.input}

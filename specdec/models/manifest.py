@@ -79,8 +79,9 @@ class GraphSpec:
     optimization: dict[str, Any] = field(default_factory=dict)
     # How the graph keeps its KV cache. "concat": present = past + new positions, a new
     # tensor each step (rollback crops with kv_slice_file). "shared": past and present are
-    # one preallocated buffer per tensor, [1, kv_heads, capacity, head_dim], written in
-    # place; the graph reads `seqlens_name` (int32 [1], total length - 1) and
+    # one preallocated buffer per tensor, [batch, kv_heads, capacity, head_dim], written in
+    # place; the graph reads `seqlens_name` (int32 [batch], total length - 1; graphs exported
+    # before the batch engine declare [1] and run at batch 1 only) and
     # `total_length_name` (int32 scalar), and a rollback is only a shorter length.
     kv_buffer: str = "concat"
     seqlens_name: str | None = None

@@ -11,6 +11,7 @@ import importlib
 # does not import onnxruntime.
 _EXPORTS = {
     "Engine": "specdec.runtime.engine",
+    "BatchEngine": "specdec.runtime.batch",
     "GenerationResult": "specdec.runtime.engine",
     "GenerationStream": "specdec.runtime.engine",
     "GenerationConfig": "specdec.runtime.config",

@@ -37,6 +37,7 @@ class CombinedDrafter:
         self.ngram = ngram
         self.model = model
         self.name = f"ngram+{model.name}"
+        self.reads_hidden = model.reads_hidden  # the loop hands the target's rows to a feature drafter through it
 
     @property
     def stats(self) -> DrafterStats:

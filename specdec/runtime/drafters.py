@@ -45,9 +45,15 @@ class DrafterStats:
 
 
 class Drafter(Protocol):
-    """What the decoding loop needs from a drafter (one instance per request)."""
+    """What the decoding loop needs from a drafter (one instance per request).
+
+    Every drafter states `reads_hidden`: True makes every target call return its hidden rows, which
+    `begin` and `accept` then receive. A drafter is driven with a draft-length policy (the loop
+    refuses one without): K comes from the policy, never from the drafter.
+    """
 
     name: str
+    reads_hidden: bool
 
     @property
     def stats(self) -> DrafterStats:
@@ -79,6 +85,7 @@ class ModelDrafter:
     """
 
     name = "model"
+    reads_hidden = False
 
     def __init__(self, session: ModelSession, sampling: SamplingConfig, rng: np.random.Generator,
                  capacity: int | None = None):
@@ -149,7 +156,12 @@ class NgramDrafter:
     """
 
     name = "ngram"
-    stats = DrafterStats()
+    reads_hidden = False
+
+    @property
+    def stats(self) -> DrafterStats:
+        """Return zero counters: prompt lookup makes no model calls."""
+        return DrafterStats()
 
     def __init__(self, min_n: int = 1, max_n: int = 4, phrases: PhraseTable | None = None):
         self.index = NgramIndex(min_n=min_n, max_n=max_n)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,10 +19,10 @@ from specdec.runtime.combined import CombinedDrafter
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec.runtime.eagle import EagleDrafter, EagleHead
-from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeRequest, Iteration, decode
+from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeRequest, DecodeState, Iteration, decode
 from specdec.runtime.phrases import PhraseTable
 from specdec.runtime.providers import shared_pool, shared_pool_threads
-from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.session import ModelSession
 from specdec.runtime.stats import GenerationStats
 from specdec.runtime.text import StopStringFilter, TextCodec
@@ -146,6 +146,11 @@ class Engine:
 
         The config is checked here, before anything runs, so bad settings raise at once.
         """
+        ids = self.checked_prompt(prompt, config)
+        return GenerationStream(lambda stream: self._pieces(ids, config, on_iteration, stream))
+
+    def checked_prompt(self, prompt: str | list[int], config: GenerationConfig) -> list[int]:
+        """Return the prompt's token ids after checking `config` and the prompt; raise GenerationError for bad ones."""
         config.validate()
         self.drafter_kind(config.drafter)  # an impossible drafter fails here, before anything runs
         ids = (check_token_ids(prompt, self.vocab_size) if isinstance(prompt, list)
@@ -154,7 +159,7 @@ class Engine:
             raise GenerationError(
                 f"prompt of {len(ids)} tokens is too long for the model's {self.max_positions} positions"
             )
-        return GenerationStream(lambda stream: self._pieces(ids, config, on_iteration, stream))
+        return ids
 
     def drafter_kind(self, requested: str) -> str:
         """Return the drafter `requested` ("auto", "model", "ngram" or "none") resolves to on this artifact.
@@ -179,9 +184,7 @@ class Engine:
             eagle = EagleDrafter(self.eagle, config.sampling, rng)
             if kind == "eagle":
                 return eagle
-            combined = CombinedDrafter(NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max), eagle)
-            combined.reads_hidden = True  # the loop hands the target's rows to the trained head through it
-            return combined
+            return CombinedDrafter(NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max), eagle)
         if kind in ("model", "ngram+model") and self.draft is not None:
             model = ModelDrafter(self.draft, config.sampling, rng,
                                  capacity=prompt_length + config.max_new_tokens + MAX_DRAFT_ROOM)
@@ -223,8 +226,11 @@ class Engine:
             self.call_costs_source = calibration.source
             self.call_costs_cache_file = calibration.cache_file
 
-    def _pieces(self, ids: list[int], config: GenerationConfig,
-                on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:
+    def open_request(self, ids: list[int], config: GenerationConfig) -> "OpenRequest":
+        """Return a request's own decoding state (RNG, drafter, draft-length policy) and its stats, ready to run.
+
+        Used by the thread-per-request path (`stream`) and the batch engine alike.
+        """
         rng = np.random.default_rng(config.seed)
         policy, k_label = self._draft_length(config)
         drafter = self._drafter(config, rng, len(ids), adaptive=isinstance(policy, AdaptiveDraftLength))
@@ -232,15 +238,30 @@ class Engine:
             self._calibrate_call_costs(ids, config.max_draft_tokens_auto + 1)  # before the request's clock starts
         stats = GenerationStats(drafter=drafter.name if drafter else "none",
                                 num_draft_tokens=k_label if drafter else "0", prompt_tokens=len(ids))
+        request = DecodeRequest(ids, config.max_new_tokens, config.sampling, frozenset(self.eos_token_ids),
+                                self.max_positions)
+        return OpenRequest(DecodeState(request, rng, drafter, policy if drafter else None), config, stats)
+
+    def _pieces(self, ids: list[int], config: GenerationConfig,
+                on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:
+        opened = self.open_request(ids, config)
+        cache = self.target.new_cache(capacity=opened.state.request.cache_capacity)
+        state = opened.state
+        iterations = decode(self.target, cache, state.request, state.rng, state.drafter, state.policy)
+        return self.text_pieces(opened, iterations, cache, on_iteration, stream)
+
+    def text_pieces(self, opened: "OpenRequest", iterations: Iterator[Iteration], cache: KVCache,
+                    on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:
+        """Yield the text of `iterations` as it is committed (stop strings applied); set `stream.result` at the end.
+
+        Closing this generator closes `iterations` (the loop stops at the iteration it was on).
+        """
+        stats, config, drafter = opened.stats, opened.config, opened.state.drafter
         decoder = self.codec.decode_stream()
         stop_filter = StopStringFilter(config.stop_strings)
         generated: list[int] = []
         finish = "length"
         start = time.perf_counter()
-        request = DecodeRequest(ids, config.max_new_tokens, config.sampling, frozenset(self.eos_token_ids),
-                                self.max_positions)
-        cache = self.target.new_cache(capacity=request.cache_capacity)
-        iterations = decode(self.target, cache, request, rng, drafter, policy)
         try:
             for iteration in iterations:
                 stats.add(iteration)
@@ -258,7 +279,6 @@ class Engine:
                     break
                 finish = iteration.finished or finish
         finally:
-            # Also on a consumer's close(): the loop stops at the iteration it was on.
             iterations.close()
             stats.add_session_counters(cache, drafter.stats if drafter else None)
         tail = stop_filter.flush()
@@ -266,7 +286,17 @@ class Engine:
             yield tail
         stats.total_seconds = time.perf_counter() - start
         stats.new_tokens = len(generated)
-        stream.result = GenerationResult(stop_filter.final_text, generated, ids, finish, stats)
+        stream.result = GenerationResult(stop_filter.final_text, generated, opened.state.request.prompt_ids, finish,
+                                         stats)
+
+
+@dataclass
+class OpenRequest:
+    """A request ready to decode: its loop state, its config, and the stats its iterations add to."""
+
+    state: DecodeState
+    config: GenerationConfig
+    stats: GenerationStats
 
 
 def _load_phrases(artifact_dir: Path, manifest: Manifest, vocab_size: int) -> PhraseTable | None:

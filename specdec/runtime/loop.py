@@ -13,7 +13,7 @@ not kept here: each Iteration carries its counts and timings, and the caller tal
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Protocol
 
 import numpy as np
@@ -93,6 +93,108 @@ class DraftLengthPolicy(Protocol):
         ...
 
 
+@dataclass
+class DecodeState:
+    """One request between target calls: what the steps below read and advance.
+
+    The single-request loop (`decode`) and the batch engine (specdec/runtime/batch.py) keep one
+    each and call the same steps on it; only who makes the target call differs.
+    """
+
+    request: DecodeRequest
+    rng: np.random.Generator
+    drafter: Drafter | None = None
+    policy: DraftLengthPolicy | None = None
+    context: list[int] = field(default_factory=list)
+    generated: int = 0
+    states: np.ndarray | None = None  # the target's hidden rows of the last call, for a feature drafter
+    iteration: Iteration | None = None  # the last one committed
+    draft_seconds: float = 0.0  # drafting since the last target call
+
+    @property
+    def drafting(self) -> bool:
+        """Return whether a drafter proposes (it has a policy, and the request has not ended at its prefill)."""
+        return self.drafter is not None and self.policy is not None
+
+    @property
+    def hidden(self) -> bool:
+        """Return whether target calls must return hidden rows (a drafter that reads the target's features)."""
+        return self.drafting and self.drafter.reads_hidden
+
+    @property
+    def finished(self) -> bool:
+        """Return whether the request has ended (EOS, length or position limit)."""
+        return self.iteration is not None and self.iteration.finished is not None
+
+
+def prefill(target: ModelSession, cache: KVCache, state: DecodeState) -> Iteration:
+    """Run the prompt through the target (cache empty) and the drafter; return the first token's Iteration."""
+    request = state.request
+    request.check()
+    start = time.perf_counter()
+    # Greedy calls may read the target's 8-bit LM head instead of its fp32 one (specdec/runtime/greedy_head.py):
+    # the same argmax, fewer bytes.
+    logits, state.states = _rows(target.forward(cache, request.prompt_ids, logits_rows=1, hidden=state.hidden,
+                                                greedy=request.sampling.greedy), state.hidden)
+    state.context = list(request.prompt_ids) + [next_token(logits[-1], request.sampling, state.rng)]
+    state.generated = 1
+    state.iteration = _finish(Iteration([], 0, state.context[-1:], False, None, prefill=True,
+                                        target_seconds=time.perf_counter() - start), request, state.context, 1)
+    if state.drafting and not state.iteration.finished:
+        state.draft_seconds = _timed(state.drafter.begin, request.prompt_ids, state.states)  # the draft's prefill
+    return state.iteration
+
+
+def plan(state: DecodeState) -> tuple[str | None, int]:
+    """Return (the drafting situation, K) for the next iteration: the policy's K within the request's limits."""
+    if not state.drafting:
+        return None, 0
+    situation = state.drafter.situation(state.context)
+    request = state.request
+    # The target call takes k+1 tokens on a cache of len(context)-1 positions.
+    return situation, min(state.policy.choose(situation), request.max_new_tokens - state.generated - 1,
+                          request.max_positions - len(state.context))
+
+
+def draft(state: DecodeState, k: int) -> Proposal:
+    """Return the drafter's proposal of `k` tokens (none for k = 0), its time counted to the iteration."""
+    start = time.perf_counter()
+    proposal = state.drafter.propose(state.context, k) if k > 0 else Proposal([], None)
+    state.draft_seconds += time.perf_counter() - start
+    return proposal
+
+
+def verify_call(target: ModelSession, cache: KVCache, state: DecodeState, drafts: list[int]) -> np.ndarray:
+    """Score the last committed token and `drafts` in ONE target call; return logits [len(drafts) + 1, vocab]."""
+    logits, state.states = _rows(target.forward(cache, [state.context[-1]] + drafts, hidden=state.hidden,
+                                                greedy=state.request.sampling.greedy), state.hidden)
+    return logits
+
+
+def commit(state: DecodeState, cache: KVCache, situation: str | None, proposal: Proposal, logits: np.ndarray,
+           target_seconds: float) -> Iteration:
+    """Accept, roll back, commit, cut at EOS and finish, after the target scored `proposal`; return the Iteration."""
+    request, drafts = state.request, proposal.tokens
+    verdict = _verify(drafts, proposal, logits, request.sampling, state.rng)  # 3. accept
+    # 4. roll back: the target keeps the last committed token and the accepted drafts; so does the draft
+    past_length = len(state.context) - 1
+    cache.rollback(len(state.context) + verdict.num_accepted)
+    state.context.extend(verdict.committed(drafts))
+    if drafts or state.hidden:  # a feature drafter needs the committed rows after plain steps too
+        state.drafter.accept(state.context, state.states[: verdict.num_accepted + 1] if state.hidden else None)
+    iteration = _cut_at_eos(Iteration(  # 5. commit
+        drafts, verdict.num_accepted, verdict.committed(drafts), verdict.is_bonus, None, situation,
+        rejected=bool(drafts) and not verdict.is_bonus, past_length=past_length, draft_seconds=state.draft_seconds,
+        target_seconds=target_seconds, draft_step_seconds=state.drafter.stats.step_seconds if state.drafting else None),
+        request.eos_token_ids)
+    state.generated += len(iteration.committed)
+    state.iteration = _finish(iteration, request, state.context, state.generated)
+    if state.drafting:
+        state.policy.observe(state.iteration)
+    state.draft_seconds = 0.0
+    return state.iteration
+
+
 def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np.random.Generator,
            drafter: Drafter | None = None, draft_length: DraftLengthPolicy | None = None) -> Iterator[Iteration]:
     """Yield one Iteration per target call until EOS, max_new_tokens or the position limit.
@@ -100,65 +202,19 @@ def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np
     `cache` is the target's, empty, owned by the caller. The output is distributed exactly
     as the target's own (token for token under greedy).
     """
-    request.check()
-    # A drafter that reads the target's features (specdec/runtime/eagle.py) gets the hidden rows of every call.
-    hidden = drafter is not None and draft_length is not None and getattr(drafter, "reads_hidden", False)
-    states = None
-    start = time.perf_counter()
-    # Greedy calls may read the target's 8-bit LM head instead of its fp32 one (specdec/runtime/greedy_head.py):
-    # the same argmax, fewer bytes.
-    greedy = request.sampling.greedy
-    logits = target.forward(cache, request.prompt_ids, logits_rows=1, hidden=hidden, greedy=greedy)  # the last row
-    if hidden:
-        logits, states = logits
-    context = list(request.prompt_ids) + [next_token(logits[-1], request.sampling, rng)]
-    iteration = _finish(Iteration([], 0, context[-1:], False, None, prefill=True,
-                                  target_seconds=time.perf_counter() - start), request, context, generated=1)
-    generated = 1
-    yield iteration
-    drafting = drafter is not None and draft_length is not None and not iteration.finished
-    draft_seconds = _timed(drafter.begin, request.prompt_ids, states) if drafting else 0.0  # the draft's prefill
-    while not iteration.finished:
-        situation = drafter.situation(context) if drafting else None
-        # The target call takes k+1 tokens on a cache of len(context)-1 positions.
-        k = min(draft_length.choose(situation) if drafting else 0,
-                request.max_new_tokens - generated - 1, request.max_positions - len(context))
+    state = DecodeState(request, rng, drafter, draft_length)
+    yield prefill(target, cache, state)
+    while not state.finished:
+        situation, k = plan(state)
+        proposal = draft(state, k)  # 1. draft
+        start = time.perf_counter()
+        logits = verify_call(target, cache, state, proposal.tokens)  # 2. verify, in one target call
+        yield commit(state, cache, situation, proposal, logits, time.perf_counter() - start)  # 3.-5.
 
-        # 1. draft
-        t0 = time.perf_counter()
-        proposal = drafter.propose(context, k) if k > 0 else Proposal([], None)
-        draft_seconds += time.perf_counter() - t0
-        drafts = proposal.tokens
 
-        # 2. verify: one target call over the last committed token and the drafts
-        t0 = time.perf_counter()
-        logits = target.forward(cache, [context[-1]] + drafts, hidden=hidden, greedy=greedy)  # [len(drafts) + 1, vocab]
-        if hidden:
-            logits, states = logits
-        target_seconds = time.perf_counter() - t0
-
-        # 3. accept
-        verdict = _verify(drafts, proposal, logits, request.sampling, rng)
-
-        # 4. roll back: the target keeps the last committed token and the accepted drafts; so does the draft
-        past_length = len(context) - 1
-        cache.rollback(len(context) + verdict.num_accepted)
-        context.extend(verdict.committed(drafts))
-        if drafts or hidden:  # a feature drafter needs the committed rows after plain steps too
-            drafter.accept(context, states[: verdict.num_accepted + 1] if hidden else None)
-
-        # 5. commit
-        iteration = _cut_at_eos(Iteration(
-            drafts, verdict.num_accepted, verdict.committed(drafts), verdict.is_bonus, None, situation,
-            rejected=bool(drafts) and not verdict.is_bonus, past_length=past_length, draft_seconds=draft_seconds,
-            target_seconds=target_seconds, draft_step_seconds=drafter.stats.step_seconds if drafting else None),
-            request.eos_token_ids)
-        generated += len(iteration.committed)
-        iteration = _finish(iteration, request, context, generated)
-        if drafting:
-            draft_length.observe(iteration)
-        draft_seconds = 0.0
-        yield iteration
+def _rows(output, hidden: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Return (logits, hidden rows or None) of a ModelSession.forward output."""
+    return output if hidden else (output, None)
 
 
 def _timed(function, *args) -> float:

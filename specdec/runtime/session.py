@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -97,6 +99,34 @@ def reads_greedy_head(spec: GraphSpec, rows: int) -> bool:
     return rows <= GREEDY_HEAD_MAX_ROWS or spec.attention_pad_rows > 0 or spec.min_rows > 1
 
 
+@dataclass(frozen=True)
+class RowPlan:
+    """Where one call's rows go: what is fed, which rows the graph keeps, which of them the caller gets."""
+
+    pad: int  # throwaway positions fed after the real tokens (min_rows), written past the cache's length
+    n_fed: int  # positions fed: the new tokens plus the pad
+    out_rows: int  # rows the graph keeps (its logits_rows input), counted from the end of the fed ones
+    head_start: int  # the first kept row the LM head reads
+    kept: slice  # the caller's rows among the kept ones
+    kept_by_head: slice  # the same rows among the LM head's output rows
+
+
+def plan_rows(spec: GraphSpec, past: int, n_new: int, rows: int, hidden: bool) -> RowPlan:
+    """Return the RowPlan of a call over `n_new` tokens after `past` positions that wants the last `rows` logits.
+
+    A graph whose kernels round a 1-row call differently (min_rows > 1, int4 at accuracy level 4)
+    gets throwaway positions after the real ones; the rows the LM head needs also hold min_rows,
+    since they go through MatMuls. A hidden-state call keeps every fed row (its features).
+    """
+    pad = min(max(0, spec.min_rows - n_new), spec.max_positions - past - n_new)
+    n_fed = n_new + pad
+    head_rows = min(max(rows + pad, spec.min_rows), n_fed)
+    out_rows = (n_fed if hidden else head_rows) if spec.logits_rows_name else n_fed
+    head_start = out_rows - head_rows if (spec.greedy_head or spec.head_row_start_name) else 0
+    kept = slice(out_rows - pad - rows, out_rows - pad)
+    return RowPlan(pad, n_fed, out_rows, head_start, kept, slice(kept.start - head_start, kept.stop - head_start))
+
+
 class ModelSession:
     """A loaded graph, shared by all requests; each request brings its own KVCache.
 
@@ -138,6 +168,17 @@ class ModelSession:
         """Return the execution provider the session really uses."""
         return self.session.get_providers()[0]
 
+    @property
+    def batches(self) -> bool:
+        """Return whether the graph takes several sequences per call (one new token each, each its own length).
+
+        Shared-buffer graphs exported since the batch engine declare seqlens_k per row; older ones fix it at [1].
+        """
+        if not self.shared_kv:
+            return False
+        shape = next(i.shape for i in self.session.get_inputs() if i.name == self.spec.seqlens_name)
+        return not isinstance(shape[0], int) and self.spec.min_rows == 1 and self.spec.attention_pad_rows == 0
+
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """Return an empty cache (length 0) on this session's device.
 
@@ -163,7 +204,7 @@ class ModelSession:
             sessions["kv_slice"] = self.slicer.session
         return sessions
 
-    def _output(self, call: CallBinding, name: str, rows: int, device: str) -> ort.OrtValue | int:
+    def _output(self, call: CallBinding, name: str, rows: int, device: str, batch: int = 1) -> ort.OrtValue | int:
         """Bind output `name`: to a kept buffer (returned) for the shapes of steps and verify calls, else
         (a width neither the graph nor an earlier call has shown, or a prefill's many rows) to a per-call
         allocation (its index in get_outputs() returned), so a request does not hold a prompt-sized buffer."""
@@ -172,7 +213,7 @@ class ModelSession:
             width = self.spec.vocab_size
         if not isinstance(width, int) or rows > KEPT_OUTPUT_ROWS:
             return call.output_allocated(name, device)
-        return call.output(name, (1, rows, width), np.dtype(dtype), device)
+        return call.output(name, (batch, rows, width), np.dtype(dtype), device)
 
     def _fetched(self, call: CallBinding, name: str, bound: ort.OrtValue | int) -> np.ndarray:
         """Return output `name` of the last call as an array (a view of its buffer)."""
@@ -220,11 +261,9 @@ class ModelSession:
         if hidden and not spec.hidden_name:
             raise GenerationError("this artifact's target graph has no hidden-state output: "
                                   "run `specdec distill` on it first")
-        # A graph whose kernels round a 1-row call differently (min_rows > 1, int4 at accuracy level 4)
-        # gets throwaway positions after the real ones: written past the cache's length, never read.
-        pad = min(max(0, spec.min_rows - n_new), spec.max_positions - past - n_new)
-        fed = list(token_ids) + [token_ids[-1]] * pad
-        n_fed = n_new + pad
+        plan = plan_rows(spec, past, n_new, rows, hidden)
+        fed = list(token_ids) + [token_ids[-1]] * plan.pad
+        n_fed, out_rows, head_start = plan.n_fed, plan.out_rows, plan.head_start
         head = self.greedy_head if greedy and reads_greedy_head(spec, rows) else None
         if self.shared_kv:
             cache.reserve(past + n_fed + spec.attention_pad_rows)  # the graph writes its pad rows there too
@@ -247,16 +286,8 @@ class ModelSession:
         if spec.position_ids_name:
             positions = np.arange(past, past + n_fed, dtype=np.int64)[None, :]
             cache.inputs.bind(binding, spec.position_ids_name, positions)
-        # The rows the LM head needs; min_rows also holds for them, since they go through MatMuls.
-        head_rows = min(max(rows + pad, spec.min_rows), n_fed)
-        out_rows = n_fed
         if spec.logits_rows_name:
-            # The hidden output covers the rows the graph keeps (its last layer may run on those only).
-            out_rows = n_fed if hidden else head_rows
             binding.bind_cpu_input(spec.logits_rows_name, np.array([out_rows], dtype=np.int64))
-        head_start = 0  # the first kept row the LM head reads
-        if spec.greedy_head or spec.head_row_start_name:
-            head_start = out_rows - head_rows  # > 0 where more rows are kept (a hidden call) than the head needs
         if spec.greedy_head:
             # Each LM head reads the kept rows from its index on: one of the two runs.
             binding.bind_cpu_input(spec.greedy_head["row_start_name"],
@@ -283,8 +314,7 @@ class ModelSession:
         cache.run_seconds += time.perf_counter() - start
         cache.run_calls += 1
         # Copies: the output buffers are written again by the next call of this cache.
-        kept = slice(out_rows - pad - rows, out_rows - pad)
-        kept_by_head = slice(kept.start - head_start, kept.stop - head_start)
+        kept, kept_by_head = plan.kept, plan.kept_by_head
         if head:
             self.last_greedy_rows = (np.array(self._fetched(call, spec.greedy_head["input_name"], head_value)[0, kept]),
                                      np.array(self._fetched(call, spec.greedy_head["approx_name"], approx_value)
@@ -300,3 +330,54 @@ class ModelSession:
         else:
             cache.append(binding.get_outputs()[:len(self._present_names)], token_ids)  # bound first
         return (logits, states) if hidden else logits
+
+    def forward_batch(self, binding_for: Callable[[bool], CallBinding], caches: list[KVCache | None],
+                      tokens: list[int], parked_position: int, greedy: bool) -> np.ndarray:
+        """Run ONE call over len(caches) sequences, one new token each; return logits [len(caches), vocab].
+
+        binding_for(greedy_head) returns the call's binding, every KV tensor bound to rows
+        0..len(caches)-1 of the slot arena (SlotArena.binding), row i being caches[i]'s. A None row is parked: it writes a throwaway token at `parked_position`,
+        a position no request reaches. Each row attends over its own length (seqlens_k per row), so its
+        logits are those of a batch-1 step over the same cache.
+        """
+        spec = self.spec
+        batch = len(caches)
+        plan = plan_rows(spec, 0, 1, 1, hidden=False)  # the same rows for every sequence: one token, one logit row
+        head = self.greedy_head if greedy and reads_greedy_head(spec, batch) else None
+        lengths = np.array([parked_position if c is None else c.length for c in caches], dtype=np.int64)
+        if any(c is not None and c.length >= parked_position for c in caches):
+            raise GenerationError(f"a sequence reached its slot's {parked_position} positions")
+        call = binding_for(head is not None)
+        binding = call.io
+        binding.bind_cpu_input(spec.input_ids_name, np.asarray(tokens, dtype=np.int64)[:, None])
+        if spec.position_ids_name:
+            binding.bind_cpu_input(spec.position_ids_name, lengths[:, None])
+        binding.bind_cpu_input(spec.seqlens_name, lengths.astype(np.int32))  # past + 1 new - 1
+        binding.bind_cpu_input(spec.total_length_name, np.array(lengths.max() + 1, dtype=np.int32))
+        if spec.logits_rows_name:
+            binding.bind_cpu_input(spec.logits_rows_name, np.array([plan.out_rows], dtype=np.int64))
+        if spec.greedy_head:
+            binding.bind_cpu_input(spec.greedy_head["row_start_name"], np.array([_NO_ROWS if head else 0], np.int64))
+            binding.bind_cpu_input(spec.greedy_head["approx_row_start_name"],
+                                   np.array([0 if head else _NO_ROWS], np.int64))
+        elif spec.head_row_start_name:
+            binding.bind_cpu_input(spec.head_row_start_name, np.array([0], np.int64))
+        if spec.long_call_name:
+            binding.bind_cpu_input(spec.long_call_name, _LONG_CALL[False])
+        if head:
+            call.output_allocated(spec.logits_name, self.device)  # 0 rows
+            head_value = self._output(call, spec.greedy_head["input_name"], 1, "cpu", batch)
+            approx_value = self._output(call, spec.greedy_head["approx_name"], 1, "cpu", batch)
+        else:
+            logits_value = self._output(call, spec.logits_name, 1, self.device, batch)
+        self.session.run_with_iobinding(binding)
+        if head:
+            hidden_rows = np.array(self._fetched(call, spec.greedy_head["input_name"], head_value)[:, 0])
+            approx = np.array(self._fetched(call, spec.greedy_head["approx_name"], approx_value)[:, 0, : self.vocab_limit])
+            logits = head.logits(hidden_rows, approx)
+        else:
+            logits = np.array(self._fetched(call, spec.logits_name, logits_value)[:, 0, : self.vocab_limit])
+        for cache, token in zip(caches, tokens):
+            if cache is not None:
+                cache.append(cache.tensors, [token])
+        return logits

@@ -25,6 +25,7 @@ class RecordingModel:
     """A fake model side: proposes 7s and records the calls it gets."""
 
     name = "model"
+    reads_hidden = False
     stats = DrafterStats(calls=3)
 
     def __init__(self):

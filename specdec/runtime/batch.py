@@ -1,0 +1,308 @@
+"""Continuous batching with speculation: one scheduler thread advances every running request per step.
+
+Requests are submitted, streamed and cancelled from any thread (`BatchEngine.stream`, the same
+GenerationStream as `Engine.stream`). Each step, every running request is planned, drafted and
+committed by the loop's own steps (specdec/runtime/loop.py); between them the scheduler makes ONE
+batched target call over every request that decodes a single token, and one batch-1 verify call
+per request that speculates (batch_plan.py chooses which, from measured call costs). New requests
+are admitted between steps, each prefilled into its own KV slot (slots.py).
+
+    from specdec.runtime import BatchEngine, Engine, GenerationConfig
+    batch = BatchEngine(Engine.load("artifacts/smollm2"), max_batch=8)
+    for piece in batch.stream("Hello", GenerationConfig(max_new_tokens=32)):
+        print(piece, end="")
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from specdec.models.errors import GenerationError
+from specdec.runtime.batch_plan import BatchCallCosts, DraftCandidate, choose_speculating
+from specdec.runtime.config import GenerationConfig
+from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
+from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
+from specdec.runtime.loop import Iteration, commit, draft, plan, prefill, verify_call
+from specdec.runtime.slots import SlotArena, SlotCache
+
+DEFAULT_MAX_BATCH = 8
+DEFAULT_KV_CAPACITY = 1024  # positions per slot
+_CALIBRATION_ROWS = (1, 2, 4, 8, 16)
+
+
+@dataclass
+class _Counters:
+    """A finished request's onnxruntime counters, copied off its slot before the slot is reused."""
+
+    run_seconds: float = 0.0
+    rollback_seconds: float = 0.0
+
+
+@dataclass(eq=False)
+class _Request:
+    """One submitted request: its loop state, its slot once admitted, and the queue its iterations go to."""
+
+    opened: OpenRequest
+    out: queue.Queue = field(default_factory=queue.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    cache: SlotCache | None = None
+    counters: _Counters = field(default_factory=_Counters)
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+_END = object()  # the scheduler is done with a request (cancelled or shut down)
+
+
+class BatchEngine:
+    """An Engine's target run for many requests at once, in `max_batch` KV slots of `kv_capacity` positions."""
+
+    def __init__(self, engine: Engine, max_batch: int = DEFAULT_MAX_BATCH, kv_capacity: int = DEFAULT_KV_CAPACITY,
+                 on_step: Callable[[int], None] | None = None):
+        if max_batch < 1:
+            raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
+        self.engine = engine
+        self.arena = SlotArena(engine.target, max_batch, kv_capacity)
+        self.batch_costs = BatchCallCosts()
+        self.on_step = on_step  # called with the rows of every batched call (a metrics histogram)
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
+        self._thread.start()
+
+    @property
+    def max_batch(self) -> int:
+        """Return how many requests run at once (the KV slots)."""
+        return self.arena.slots
+
+    @property
+    def num_running(self) -> int:
+        """Return the requests holding a slot now."""
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Return the requests submitted and not yet admitted."""
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """Return the fraction of the arena's positions that running requests have cached."""
+        return self.arena.positions_used / (self.arena.slots * self.arena.capacity)
+
+    def time_batch_calls(self, repeats: int = 3) -> dict[int, float]:
+        """Time batched calls over 1, 2, 4, ... rows (every row parked) before any request; return seconds by rows.
+
+        Call before submitting: the scheduler must not run beside it.
+        """
+        target = self.engine.target
+        for rows in (r for r in _CALIBRATION_ROWS if r <= self.max_batch):
+            times = []
+            for _ in range(repeats + 1):  # the first call of a shape also binds its buffers
+                start = time.perf_counter()
+                target.forward_batch(lambda head, n=rows: self.arena.binding(n, head), [None] * rows, [0] * rows,
+                                     self.arena.parked_position, greedy=True)
+                times.append(time.perf_counter() - start)
+            self.batch_costs.observe(rows, min(times[1:]))
+        return self.batch_costs.table()
+
+    def generate(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig()):
+        """Return the GenerationResult of one request, run among whatever else is running."""
+        stream = self.stream(prompt, config)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig(),
+               on_iteration: Callable[[Iteration], None] | None = None) -> GenerationStream:
+        """Return a GenerationStream of the request's text; it runs among the others from the next step on.
+
+        Closing the stream (or leaving its iteration) cancels the request and frees its slot.
+        Raises GenerationError at once for bad settings, a prompt that does not fit a slot, or a
+        drafter that reads the target's features (not batched yet).
+        """
+        ids = self.engine.checked_prompt(prompt, config)
+        needed = len(ids) + config.max_new_tokens + GenerationConfig.max_draft_tokens_auto + 1
+        if min(needed, self.engine.max_positions) > self.arena.parked_position:
+            raise GenerationError(f"prompt ({len(ids)} tokens) plus max_new_tokens ({config.max_new_tokens}) does not "
+                                  f"fit a KV slot of {self.arena.capacity} positions; raise the KV capacity")
+        opened = self.engine.open_request(ids, config)
+        if opened.state.hidden:
+            raise GenerationError("a drafter that reads the target's features (eagle) is not batched yet: "
+                                  "use drafter 'ngram' or 'model', or the engine without batching")
+        request = _Request(opened)
+        with self._wake:
+            if self._stopping:
+                raise GenerationError("the batch engine is shut down")
+            self._waiting.append(request)
+            self._wake.notify()
+        return GenerationStream(lambda stream: self.engine.text_pieces(opened, self._iterations(request),
+                                                                       request.counters, on_iteration, stream))
+
+    def shutdown(self) -> None:
+        """Stop the scheduler after its current step; requests still running end where they are."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join()
+
+    def _iterations(self, request: _Request) -> Iterator[Iteration]:
+        try:
+            while True:
+                item = request.out.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            request.cancelled.set()  # a consumer that stops early frees the slot at the next step
+            with self._wake:
+                self._wake.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._waiting and not self._running:
+                    self._wake.wait()
+                if self._stopping:
+                    break
+                admitted = []
+                while self._waiting and self.arena.used < self.arena.slots:
+                    request = self._waiting.popleft()
+                    if request.cancelled.is_set():
+                        request.out.put(_END)
+                        continue
+                    request.cache = self.arena.take()
+                    admitted.append(request)
+            for request in admitted:
+                self._guarded(request, self._admit)
+            self._running = [r for r in self._running if not self._ended(r)]
+            if self._running:
+                self._step()
+        for request in list(self._waiting) + self._running:
+            request.out.put(_END)
+            self._release(request)
+
+    def _admit(self, request: _Request) -> None:
+        cache = request.cache
+        cache.run_seconds = cache.rollback_seconds = 0.0
+        cache.run_calls = 0
+        iteration = prefill(self.engine.target, cache, request.opened.state)
+        if not iteration.finished:
+            self._running.append(request)
+        self._deliver(request, iteration)
+
+    def _step(self) -> None:
+        running = self._running
+        plans = [plan(r.opened.state) for r in running]
+        ks = self._draft_lengths(running, plans)
+        proposals = [draft(r.opened.state, k) for r, k in zip(running, ks)]
+        plain = [i for i, p in enumerate(proposals) if not p.tokens]
+        if plain:
+            self._guarded_all([running[i] for i in plain], lambda: self._batched_call(running, plans, proposals, plain))
+        for i, proposal in enumerate(proposals):
+            if proposal.tokens:
+                self._guarded(running[i], lambda r, i=i: self._verify(r, plans[i][0], proposals[i]))
+        self._running = [r for r in running if not self._ended(r)]
+
+    def _batched_call(self, running, plans, proposals, plain: list[int]) -> None:
+        states = [running[i].opened.state for i in plain]
+        by_slot = {running[i].cache.slot: running[i] for i in plain}
+        span = max(by_slot) + 1  # rows 0..span-1; a slot not decoding here is parked
+        caches = [by_slot[s].cache if s in by_slot else None for s in range(span)]
+        tokens = [by_slot[s].opened.state.context[-1] if s in by_slot else 0 for s in range(span)]
+        greedy = all(s.request.sampling.greedy for s in states)
+        start = time.perf_counter()
+        logits = self.engine.target.forward_batch(lambda head: self.arena.binding(span, head), caches, tokens,
+                                                  self.arena.parked_position, greedy)
+        seconds = time.perf_counter() - start
+        self.batch_costs.observe(len(plain), seconds)
+        if self.on_step is not None:
+            self.on_step(len(plain))
+        for i in plain:
+            request = running[i]
+            request.cache.run_seconds += seconds / len(plain)
+            request.cache.run_calls += 1
+            # A call shared by several rows is not a batch-1 call: auto's t(n) must not learn from it.
+            shared = seconds if len(plain) == 1 else 0.0
+            self._guarded(request, lambda r, i=i: self._deliver(r, commit(
+                r.opened.state, r.cache, plans[i][0], proposals[i], logits[r.cache.slot][None, :], shared)))
+
+    def _verify(self, request: _Request, situation: str | None, proposal) -> None:
+        state = request.opened.state
+        start = time.perf_counter()
+        logits = verify_call(self.engine.target, request.cache, state, proposal.tokens)
+        self._deliver(request, commit(state, request.cache, situation, proposal, logits,
+                                      time.perf_counter() - start))
+
+    def _draft_lengths(self, running: list[_Request], plans: list[tuple[str | None, int]]) -> list[int]:
+        """Return each request's K this step: its policy's, unless the batch serves more tokens per second without it."""
+        ks = [k for _, k in plans]
+        if len(running) == 1:
+            return ks  # alone: exactly the single-request loop's choice
+        candidates, where = [], []
+        for i, (request, (situation, k)) in enumerate(zip(running, plans)):
+            if k > 0:
+                policy = request.opened.state.policy
+                adaptive = isinstance(policy, AdaptiveDraftLength)
+                alpha = policy.estimate(situation or ANY_SITUATION).alpha if adaptive else 0.5
+                candidates.append(DraftCandidate(k, alpha, adjustable=adaptive))
+                where.append(i)
+        if not candidates:
+            return ks
+        costs = self.engine.target_call_costs
+        one_row = self.batch_costs.seconds(1)
+        chosen = choose_speculating(candidates, len(running) - len(candidates), self.batch_costs.seconds,
+                                    lambda n: one_row * costs.relative(n))
+        for i, keep in zip(where, chosen):
+            if not keep:
+                ks[i] = 0
+        return ks
+
+    def _deliver(self, request: _Request, iteration: Iteration) -> None:
+        if iteration.finished:
+            self._release(request)  # first: the consumer reads the counters once it has the last iteration
+        request.out.put(iteration)
+
+    def _ended(self, request: _Request) -> bool:
+        if request.cache is None:
+            return True
+        if request.cancelled.is_set():
+            request.out.put(_END)
+            self._release(request)
+            return True
+        return False
+
+    def _release(self, request: _Request) -> None:
+        cache = request.cache
+        if cache is not None:
+            request.counters.run_seconds, request.counters.rollback_seconds = cache.run_seconds, cache.rollback_seconds
+            request.cache = None
+            self.arena.give(cache)
+
+    def _guarded(self, request: _Request, step: Callable[[_Request], None]) -> None:
+        """Run one request's step; an error ends that request (raised in its consumer), never the scheduler."""
+        try:
+            step(request)
+        except Exception as err:  # surfaced to the request's consumer, which raises it
+            request.out.put(err)
+            self._release(request)
+
+    def _guarded_all(self, requests: list[_Request], call: Callable[[], None]) -> None:
+        """Run a step shared by `requests`; an error ends each of them."""
+        try:
+            call()
+        except Exception as err:
+            for request in requests:
+                if request.cache is not None:
+                    request.out.put(err)
+                    self._release(request)

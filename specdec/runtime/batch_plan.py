@@ -1,0 +1,95 @@
+"""Which requests of a batch step speculate: Theorem 3.8 extended to a batch, over measured call costs.
+
+A step makes one batched call over every request that decodes plainly (one token each, t_b(n)
+for n rows) plus one verify call per request that speculates (t_v(k + 1): onnxruntime's
+GroupQueryAttention takes several new tokens per call at batch 1 only, docs/DESIGN.md). Moving
+request r from the batch into its own verify call adds E_r(k) - 1 expected tokens (E from its own
+acceptance estimate) and t_v(k + 1) - (t_b(n) - t_b(n - 1)) seconds. Requests are moved, best
+ratio first, while each move raises the step's expected tokens per second. Alone, a request
+speculates exactly when its own policy says so (the same condition: E(k) t(1) > t(k + 1)).
+Pure functions over numbers.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from specdec.runtime.theory import expected_tokens_per_iteration
+
+
+@dataclass(frozen=True)
+class DraftCandidate:
+    """A request whose policy asked for k drafts, and what it knows of its acceptance."""
+
+    k: int
+    alpha: float
+    adjustable: bool = True  # False: a fixed K the user asked for, kept whatever the load
+
+
+def choose_speculating(candidates: list[DraftCandidate], plain_rows: int, batch_seconds: Callable[[int], float],
+                       verify_seconds: Callable[[int], float]) -> list[bool]:
+    """Return, per candidate, whether it speculates this step (False: it decodes one token in the batch).
+
+    `plain_rows` requests decode plainly anyway; batch_seconds(n) is the batched call over n rows
+    (0 for n = 0), verify_seconds(n) a batch-1 call over n tokens.
+    """
+    chosen = [not c.adjustable for c in candidates]
+    rows = plain_rows + sum(1 for c in candidates if c.adjustable)
+    seconds = batch_seconds(rows) + sum(verify_seconds(c.k + 1) for c in candidates if not c.adjustable)
+    tokens = float(plain_rows + sum(1 for c in candidates if c.adjustable)) + sum(
+        expected_tokens_per_iteration(c.alpha, c.k) for c in candidates if not c.adjustable)
+    order = sorted((i for i, c in enumerate(candidates) if c.adjustable),
+                   key=lambda i: -(expected_tokens_per_iteration(candidates[i].alpha, candidates[i].k) - 1)
+                   / max(verify_seconds(candidates[i].k + 1), 1e-9))
+    for i in order:
+        candidate = candidates[i]
+        gained = expected_tokens_per_iteration(candidate.alpha, candidate.k) - 1.0
+        added = verify_seconds(candidate.k + 1) - (batch_seconds(rows) - batch_seconds(rows - 1))
+        if seconds + added > 0 and (tokens + gained) / (seconds + added) > tokens / seconds:
+            chosen[i] = True
+            tokens, seconds, rows = tokens + gained, seconds + added, rows - 1
+    return chosen
+
+
+@dataclass
+class BatchCallCosts:
+    """Seconds of a batched decode call over n rows: an EWMA per n, timed at start and refined by every call."""
+
+    smoothing: float = 0.2
+    _seconds: dict[int, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """Record one batched call over `rows` rows that took `seconds`."""
+        with self._lock:
+            old = self._seconds.get(rows)
+            self._seconds[rows] = seconds if old is None else old + self.smoothing * (seconds - old)
+
+    def seconds(self, rows: int) -> float:
+        """Return t_b(rows): measured, else the line through the nearest measured row counts (0 for no rows)."""
+        if rows <= 0:
+            return 0.0
+        with self._lock:
+            known = dict(self._seconds)
+        if rows in known:
+            return known[rows]
+        if not known:
+            return float(rows)  # nothing timed yet: any positive, increasing guess keeps the choice sane
+        below = [n for n in known if n < rows]
+        above = [n for n in known if n > rows]
+        if below and above:
+            lo, hi = max(below), min(above)
+        else:
+            ordered = sorted(known)
+            if len(ordered) == 1:
+                return known[ordered[0]] * rows / ordered[0]
+            lo, hi = (ordered[-2], ordered[-1]) if below else (ordered[0], ordered[1])
+        slope = (known[hi] - known[lo]) / (hi - lo)
+        return max(known[lo] + slope * (rows - lo), 1e-6)
+
+    def table(self) -> dict[int, float]:
+        """Return the measured seconds by row count."""
+        with self._lock:
+            return dict(sorted(self._seconds.items()))

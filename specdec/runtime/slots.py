@@ -1,0 +1,110 @@
+"""KV slots for the batch engine: one preallocated [slots, kv_heads, capacity, head_dim] buffer per tensor.
+
+Row s of every buffer is slot s. A request's cache is a KVCache over views of its row, so a
+prefill and a verify call are today's batch-1 calls, written in place; a batched decode call
+binds rows 0..n-1 of the same buffers (one contiguous prefix: batch is the outermost axis).
+Nothing is copied per step, a rollback is still only a shorter length, and a finished
+request's slot goes to the next one. The lowest free slot is taken first, so the rows a
+batched call spans stay few. CPU only: onnxruntime's Python API cannot view part of a CUDA
+buffer.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+
+import numpy as np
+
+from specdec.models.errors import GenerationError
+from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.providers import ort
+from specdec.runtime.session import CallBinding, ModelSession
+
+
+class SlotCache(KVCache):
+    """A request's cache inside the arena: its row's views, which never grow (no copy out of the arena)."""
+
+    slot: int = -1
+
+    def reserve(self, positions: int) -> None:
+        """Raise GenerationError when `positions` do not fit the slot (the arena's capacity is fixed)."""
+        if positions > self.capacity:
+            raise GenerationError(f"a sequence of {positions} positions does not fit a KV slot of {self.capacity}; "
+                                  "start the engine with a larger KV capacity")
+
+    def release(self) -> None:
+        """Forget the tokens; the views stay, for the slot's next request."""
+        self.token_ids = []
+
+
+class SlotArena:
+    """`slots` KV slots of `capacity` positions for one shared-buffer model session (CPU)."""
+
+    def __init__(self, session: ModelSession, slots: int, capacity: int):
+        if not session.batches:
+            raise GenerationError("this artifact's target graph runs one sequence per call (exported before the "
+                                  "batch engine): re-export it with `specdec export` to serve several requests "
+                                  "in one call")
+        if session.device != "cpu":
+            raise GenerationError("the batch engine runs on the CPU provider only for now (use --provider cpu)")
+        spec = session.spec
+        self.session = session
+        self.slots = slots
+        # The last position of every slot is where a parked row writes its throwaway token.
+        self.capacity = min(capacity, spec.max_positions)
+        self.parked_position = self.capacity - 1
+        shape = (slots, spec.num_kv_heads, self.capacity, spec.head_dim)
+        self.buffers = [np.zeros(shape, dtype=np.dtype(spec.kv_dtype)) for _ in range(2 * spec.num_layers)]
+        # On the CPU an OrtValue over a contiguous numpy view shares its memory: the graph writes the arena.
+        self._caches = [SlotCache(tensors=[ort.OrtValue.ortvalue_from_numpy(b[s:s + 1]) for b in self.buffers],
+                                  slicer=None, device="cpu", max_positions=self.parked_position)
+                        for s in range(slots)]
+        for slot, cache in enumerate(self._caches):
+            cache.slot = slot
+        self._prefix_bindings: dict[tuple[int, bool], CallBinding] = {}
+        self._free = list(range(slots))
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        """Return the bytes the arena holds (allocated once, at start)."""
+        return sum(b.nbytes for b in self.buffers)
+
+    @property
+    def used(self) -> int:
+        """Return how many slots requests hold now."""
+        return self.slots - len(self._free)
+
+    @property
+    def positions_used(self) -> int:
+        """Return the positions cached across all held slots (for KV-usage metrics)."""
+        with self._lock:
+            free = set(self._free)
+        return sum(c.length for s, c in enumerate(self._caches) if s not in free)
+
+    def take(self) -> SlotCache | None:
+        """Return the lowest free slot's empty cache, or None when every slot is held."""
+        with self._lock:
+            if not self._free:
+                return None
+            cache = self._caches[heapq.heappop(self._free)]
+        cache.token_ids = []
+        return cache
+
+    def give(self, cache: SlotCache) -> None:
+        """Take back a slot whose request has ended."""
+        cache.release()
+        with self._lock:
+            heapq.heappush(self._free, cache.slot)
+
+    def binding(self, rows: int, greedy_head: bool) -> CallBinding:
+        """Return the reusable binding of a batched call over slots 0..rows-1 (KV bound to that prefix)."""
+        key = (rows, greedy_head)
+        call = self._prefix_bindings.get(key)
+        if call is None:
+            session = self.session
+            call = self._prefix_bindings[key] = CallBinding(session.session.io_binding())
+            tensors = [ort.OrtValue.ortvalue_from_numpy(b[:rows]) for b in self.buffers]
+            call.bind_cache(session._past_names, session._present_names, tensors)
+        return call

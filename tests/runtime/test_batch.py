@@ -1,0 +1,178 @@
+"""The batch engine: every request's output is its own under any load (greedy token for token, sampled in
+distribution and seed for seed), its slots are reused, and an old artifact is refused in one line."""
+
+import shutil
+import threading
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+
+from specdec.models.errors import GenerationError
+from specdec.runtime.batch import BatchEngine
+from specdec.runtime.batch_plan import BatchCallCosts, DraftCandidate, choose_speculating
+from specdec.runtime.engine import Engine, GenerationConfig
+from specdec.runtime.sampling import SamplingConfig
+
+from tests.runtime.test_exactness import PROMPTS, _chi_square, _target_joint
+
+PROMPT_SET = PROMPTS + ["Hello world!", "a b c d e f", "1 2 3 4 1 2 3 4 1 2", "The cat sat on", "x = [1, 2,",
+                        "once upon a time", "def f(x):", "red green blue red green", "zz", "q", "Paris is",
+                        "the the the the", "import numpy as"]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_close_artifacts):
+    return Engine.load(tiny_close_artifacts["llama"], provider="cpu", threads=1)
+
+
+def _concurrently(batch, prompts, configs):
+    """Return the GenerationResults of all prompts submitted at once, each consumed on its own thread."""
+    results = [None] * len(prompts)
+    streams = [batch.stream(p, c) for p, c in zip(prompts, configs)]
+
+    def consume(i):
+        for _ in streams[i]:
+            pass
+        results[i] = streams[i].result
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+@pytest.mark.parametrize("clients, max_batch", [(4, 4), (8, 8), (16, 8)])
+def test_greedy_under_load_equals_each_prompts_own_target_only_output(engine, clients, max_batch):
+    """Plain, n-gram auto, fixed-K model and n-gram+model requests mixed in one batch: each text is the
+    target-only greedy text of its prompt (16 clients on 8 slots also queue)."""
+    prompts = (PROMPT_SET * 2)[:clients]
+    reference = [engine.generate(p, GenerationConfig(max_new_tokens=24, drafter="none")).token_ids for p in prompts]
+    kinds = [dict(drafter="none"), dict(drafter="ngram", num_draft_tokens="auto", ngram_min=1),
+             dict(drafter="model", num_draft_tokens=3), dict(drafter="ngram+model", num_draft_tokens="auto")]
+    configs = [GenerationConfig(max_new_tokens=24, **kinds[i % len(kinds)]) for i in range(clients)]
+    steps = []
+    batch = BatchEngine(engine, max_batch=max_batch, kv_capacity=128, on_step=steps.append)
+    try:
+        results = _concurrently(batch, prompts, configs)
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference
+    assert max(steps) >= 2, steps  # requests really shared calls
+    assert sum(r.stats.accepted for r in results) > 0  # and some speculated
+
+
+def test_seeded_sampled_requests_reproduce_under_load(engine):
+    """A seeded request's tokens do not depend on what runs beside it (its own generator; fixed K or none)."""
+    configs = [GenerationConfig(max_new_tokens=16, seed=s, temperature=1.2, top_k=8, drafter=d, num_draft_tokens=k)
+               for s, (d, k) in enumerate([("none", None), ("model", 2), ("none", None), ("model", 3)] * 2)]
+    prompts = PROMPT_SET[:len(configs)]
+    alone = [engine.generate(p, c).token_ids for p, c in zip(prompts, configs)]
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
+    try:
+        loaded = [r.token_ids for r in _concurrently(batch, prompts, configs)]
+    finally:
+        batch.shutdown()
+    assert loaded == alone
+
+
+def test_sampled_distribution_under_batching_is_the_targets(tiny_near_draft_artifact):
+    """Chi-square of the first four tokens' joint distribution, plain and speculating requests mixed 8 at a time:
+    tokens 2-4 come from batched calls (plain rows) and verify calls with rejections and bonus tokens."""
+    engine = Engine.load(tiny_near_draft_artifact, provider="cpu", threads=1)
+    settings = dict(temperature=1.3, top_k=3)
+    prompt_ids = engine.prompt_ids("one, two, three, one, two, three, one, two,")
+    exact = _target_joint(engine, prompt_ids, SamplingConfig(**settings), depth=4)
+    runs = 1500
+    counts = {"none": Counter(), "model": Counter()}
+    steps = []
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=64, on_step=steps.append)
+    try:
+        for start in range(0, 2 * runs, 64):
+            streams = [(d, batch.stream(prompt_ids, GenerationConfig(max_new_tokens=4, seed=s, drafter=d,
+                                                                      num_draft_tokens=None if d == "none" else 2,
+                                                                      **settings)))
+                       for s in range(start, start + 64) for d in ["none" if s % 2 else "model"]]
+            for drafter, stream in streams:
+                for _ in stream:
+                    pass
+                counts[drafter][tuple(stream.result.token_ids[:4])] += 1
+    finally:
+        batch.shutdown()
+    assert max(steps) >= 4
+    for drafter, observed in counts.items():
+        assert set(observed) <= set(exact), "sampled a sequence the target gives zero probability"
+        chi2, critical = _chi_square(observed, exact, sum(observed.values()))
+        assert chi2 < critical, (drafter, chi2, critical)
+
+
+def test_cancelled_and_finished_requests_free_their_slots(engine):
+    batch = BatchEngine(engine, max_batch=2, kv_capacity=128)
+    try:
+        stream = batch.stream(PROMPTS[0], GenerationConfig(max_new_tokens=100, drafter="none"))
+        next(iter(stream))
+        iter(stream).close()  # the consumer leaves: the request is cancelled at the next step
+        for _ in range(3):  # more requests than slots, one after the other: slots come back
+            assert batch.generate(PROMPTS[1], GenerationConfig(max_new_tokens=8, drafter="none")).token_ids
+        assert batch.arena.used == 0 and batch.num_running == 0
+    finally:
+        batch.shutdown()
+
+
+def test_a_request_that_does_not_fit_a_slot_is_refused_in_one_line(engine):
+    batch = BatchEngine(engine, max_batch=2, kv_capacity=32)
+    try:
+        with pytest.raises(GenerationError, match="does not fit a KV slot"):
+            batch.stream(PROMPTS[0], GenerationConfig(max_new_tokens=64))
+    finally:
+        batch.shutdown()
+
+
+def test_an_artifact_exported_before_batching_is_refused_naming_the_re_export(tiny_target_only_artifact, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(tiny_target_only_artifact, old)
+    graph_file = old / Engine.load(old, provider="cpu").manifest.target.graph_file
+    model = onnx.load(graph_file)
+    seqlens = next(i for i in model.graph.input if i.name == "seqlens_k")
+    seqlens.type.tensor_type.shape.dim[0].dim_value = 1  # what graphs declared before the batch engine
+    onnx.save(model, graph_file)
+    engine = Engine.load(old, provider="cpu", check_files=False)
+    assert engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=4)).token_ids  # still runs at batch 1
+    with pytest.raises(GenerationError, match="re-export it with `specdec export`"):
+        BatchEngine(engine, max_batch=2)
+
+
+def test_a_lone_request_speculates_exactly_when_theorem_3_8_pays():
+    """Alone, moving the request out of the batch pays iff E(k) t(1) > t(k+1)."""
+    t = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3}
+    for alpha, k in [(0.1, 3), (0.6, 3), (0.9, 1), (0.2, 1)]:
+        expected = (1 - alpha ** (k + 1)) / (1 - alpha) * t[1] > t[k + 1]
+        assert choose_speculating([DraftCandidate(k, alpha)], 0, lambda n: n * 1.0 if n else 0.0,
+                                  t.__getitem__) == [expected]
+
+
+def test_a_batch_speculates_only_where_a_verify_call_gives_more_than_the_rows_it_leaves():
+    """Eight rows share a call costing 1.4 one-row calls and a verify call costs a whole one: at eight rows
+    nothing pays, even at alpha 0.97; at three rows alpha 0.97 pays and 0.3 does not."""
+    batch = {n: 1.0 + 0.057 * (n - 1) for n in range(1, 9)}
+    batch[0] = 0.0
+    verify = lambda n: 1.0 + 0.1 * (n - 1)  # noqa: E731
+    low = [DraftCandidate(3, 0.3)] * 4
+    assert choose_speculating(low, 4, batch.__getitem__, verify) == [False] * 4
+    high = [DraftCandidate(4, 0.97)] + [DraftCandidate(4, 0.3)] * 3
+    assert choose_speculating(high, 4, batch.__getitem__, verify) == [False] * 4
+    assert choose_speculating([DraftCandidate(3, 0.3), DraftCandidate(4, 0.97)], 1, batch.__getitem__,
+                              verify) == [False, True]
+    fixed = [DraftCandidate(3, 0.3, adjustable=False)]
+    assert choose_speculating(fixed, 7, batch.__getitem__, verify) == [True]  # a K the user fixed is kept
+
+
+def test_batch_call_costs_interpolate_between_timed_row_counts():
+    costs = BatchCallCosts()
+    costs.observe(1, 0.02)
+    costs.observe(4, 0.05)
+    assert costs.seconds(0) == 0.0
+    assert np.isclose(costs.seconds(2), 0.03) and np.isclose(costs.seconds(8), 0.09)
