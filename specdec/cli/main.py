@@ -10,21 +10,10 @@ import click
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
 from specdec.models.manifest import FLOAT_DTYPES, TRACE_DEVICES, WEIGHT_DTYPES
+from specdec.cli.options import parse_draft_tokens
 from specdec.runtime.config import DRAFTER_CHOICES, MAX_DRAFT_TOKENS, PROVIDER_CHOICES, GenerationConfig
 
 DEFAULTS = GenerationConfig()  # flag defaults are the library's
-
-
-def _draft_tokens(value: str | None) -> int | str | None:
-    if value is None or value == "auto":
-        return value
-    try:
-        k = int(value)
-    except ValueError:
-        raise click.BadParameter(f"must be an integer >= 1 or 'auto', got '{value}'") from None
-    if k < 1:
-        raise click.BadParameter(f"must be >= 1 (or 'auto'), got {k}")
-    return k
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -254,7 +243,7 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
         top_k=top_k,
         top_p=top_p,
         seed=seed,
-        num_draft_tokens=_draft_tokens(num_draft_tokens),
+        num_draft_tokens=parse_draft_tokens(num_draft_tokens),
         drafter="none" if no_draft else drafter,
         max_draft_tokens_auto=max_draft_tokens_auto,
         ngram_min=ngram_min,

@@ -9,13 +9,9 @@ import sys
 import click
 
 from specdec.cli.errors import one_line_errors
+from specdec.cli.options import draft_tokens_callback
+from specdec.runtime.config import DRAFTER_CHOICES
 from specdec.models.errors import MissingDependencyError, SpecdecError
-
-
-def _draft_tokens(ctx, param, value: str | None) -> int | str | None:
-    from specdec.cli.main import _draft_tokens as parse  # the same K|auto rule as `generate`
-
-    return parse(value)
 
 
 @click.command()
@@ -24,8 +20,14 @@ def _draft_tokens(ctx, param, value: str | None) -> int | str | None:
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="Port to listen on (0: any free port; the line on stdout says which).")
 @click.option("--model-name", default=None, help="The model id clients send (default: the artifact folder's name).")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests decoded together, one target call per step for all of them (continuous batching "
+                   "with speculation; each request holds a KV slot). 1: each request runs alone on its own "
+                   "thread, --max-concurrency of them.")
+@click.option("--kv-capacity", type=click.IntRange(min=16), default=1024, show_default=True,
+              help="Positions per KV slot (prompt + max_tokens must fit); the memory taken is logged at start.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Generations running at once; engine threads default to cores / this.")
+              help="With --max-batch 1: generations running at once; engine threads default to cores / this.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
               help="Requests waiting for a slot; beyond them, 429 with Retry-After.")
 @click.option("--request-timeout", type=float, default=300.0, show_default=True,
@@ -33,11 +35,11 @@ def _draft_tokens(ctx, param, value: str | None) -> int | str | None:
 @click.option("--max-tokens-default", type=click.IntRange(min=1), default=256, show_default=True,
               help="max_tokens when a request sets none.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="onnxruntime intra-op threads per generation (default: cores / max-concurrency).")
+              help="onnxruntime intra-op threads (default: every core with --max-batch > 1, else cores / max-concurrency).")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
-@click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto", callback=_draft_tokens,
+@click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto", callback=draft_tokens_callback,
               help="Default K (requests may set num_draft_tokens). Default: the artifact's.")
-@click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "none"]), default="auto", show_default=True,
+@click.option("--drafter", type=click.Choice(DRAFTER_CHOICES), default="auto", show_default=True,
               help="Default drafter (requests may set drafter).")
 @click.option("--stats-in-response", is_flag=True,
               help="Add each request's speculative stats under \"specdec\" (requests may set specdec_stats).")
@@ -51,14 +53,15 @@ def _draft_tokens(ctx, param, value: str | None) -> int | str | None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @one_line_errors
-def serve(artifact, host, port, model_name, max_concurrency, max_queue, request_timeout, max_tokens_default,
+def serve(artifact, host, port, model_name, max_batch, kv_capacity, max_concurrency, max_queue, request_timeout, max_tokens_default,
           threads, provider, num_draft_tokens, drafter, stats_in_response, shutdown_grace, use_ray, replicas,
           replica_cpus, replica_gpus, ray_address, log_level) -> None:
     """Serve ARTIFACT over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions), /health, /metrics."""
     from specdec.models.manifest import load_manifest
     from specdec.serve.config import ServeConfig
 
-    config = ServeConfig(artifact=artifact, model_name=model_name, max_concurrency=max_concurrency,
+    config = ServeConfig(artifact=artifact, model_name=model_name, max_batch=max_batch, kv_capacity=kv_capacity,
+                         max_concurrency=max_concurrency,
                          max_queue=max_queue, request_timeout=request_timeout,
                          max_tokens_default=max_tokens_default, threads=threads, provider=provider,
                          num_draft_tokens=num_draft_tokens, drafter=drafter, stats_in_response=stats_in_response,
@@ -103,8 +106,14 @@ def _serve_one_process(config, host: str, port: int, log_level: str) -> None:
     if note:
         click.echo(f"note: {note}", err=True)
     click.echo(f"specdec serve: listening on http://{host}:{bound} (model '{config.served_model_name}', "
-               f"{config.max_concurrency} concurrent x {config.engine_threads()} threads, queue {config.max_queue})")
+               f"{_running(config)}, queue {config.max_queue})")
     sys.stdout.flush()
     server.run(sockets=[sock])
     if failures:
         raise SpecdecError(failures[0])
+
+
+def _running(config) -> str:
+    if config.max_batch > 1:
+        return f"batches of up to {config.max_batch} x {config.engine_threads()} threads, KV {config.kv_capacity}"
+    return f"{config.max_concurrency} concurrent x {config.engine_threads()} threads"

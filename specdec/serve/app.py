@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.models.errors import SpecdecError
 from specdec.runtime import Engine, GenerationConfig, GenerationResult
+from specdec.runtime.batch import BatchEngine
 from specdec.serve.admission import Admission, Draining, Overloaded, QueueTimeout
 from specdec.serve.config import ServeConfig
 from specdec.serve.generation import Generation
@@ -37,21 +38,42 @@ class ServerState:
         self.config = config
         self.engine = engine
         self.load_error: str | None = None
-        self.admission = Admission(config.max_concurrency, config.max_queue)
+        self.admission = Admission(config.running_limit, config.max_queue)
         self.metrics = ServerMetrics(config.served_model_name)
-        self.executor = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="specdec-gen")
+        # One thread per running request: with batching it only carries the request's text to the event loop.
+        self.executor = ThreadPoolExecutor(max_workers=config.running_limit, thread_name_prefix="specdec-gen")
         self.active: set[Generation] = set()
+        self.batch: BatchEngine | None = None
+        if engine is not None:
+            self._start_batching(engine)
 
     def load_engine(self) -> None:
-        """Load the artifact and time `auto`'s call costs (blocking; call in a thread)."""
+        """Load the artifact, time `auto`'s call costs and the batched calls (blocking; call in a thread)."""
         engine = Engine.load(self.config.artifact, provider=self.config.provider,
                              threads=self.config.engine_threads())
         engine.time_call_costs()  # before /health says ok, so that no request waits for it
+        self._start_batching(engine)
         self.engine = engine
 
+    def _start_batching(self, engine: Engine) -> None:
+        if self.config.max_batch <= 1:
+            return
+        self.batch = BatchEngine(engine, self.config.max_batch, self.config.kv_capacity,
+                                 on_step=self.metrics.observe_batch)
+        times = self.batch.time_batch_calls()
+        log.info("batch engine: %d KV slots x %d positions, %.0f MB; batched call ms by rows: %s", self.batch.max_batch,
+                 self.batch.arena.capacity, self.batch.arena.nbytes / 2 ** 20,
+                 ", ".join(f"{rows}: {seconds * 1e3:.1f}" for rows, seconds in times.items()))
+
+    @property
+    def generator(self) -> Engine | BatchEngine | None:
+        """Return what runs a request's generation: the batch engine, else the engine itself."""
+        return self.batch or self.engine
+
     def update_load(self) -> None:
-        """Refresh the running/waiting gauges from admission's counts."""
-        self.metrics.set_load(self.admission.running, self.admission.waiting)
+        """Refresh the running/waiting gauges from admission's counts, and the KV usage."""
+        self.metrics.set_load(self.admission.running, self.admission.waiting,
+                              self.batch.kv_usage if self.batch else None)
 
 
 def create_app(config: ServeConfig, engine: Engine | None = None, load_in_background: bool = True,
@@ -279,7 +301,7 @@ class _Run:
         self.state, self.arrival, self.deadline = state, arrival, deadline
         self.metrics, self.model = state.metrics, state.config.served_model_name
         self.prompt_tokens = len(ids)
-        self.generation = Generation(state.engine, ids, config, on_iteration=self._on_iteration)
+        self.generation = Generation(state.generator, ids, config, on_iteration=self._on_iteration)
         self.generation.start(state.executor)
         state.active.add(self.generation)
         self.metrics.prompt_tokens.labels(self.model).inc(len(ids))
@@ -433,3 +455,5 @@ async def _shutdown(state: ServerState) -> None:
     for generation in list(state.active):
         generation.cancel("shutdown")  # counted as cancelled when its request closes
     await loop.run_in_executor(None, lambda: state.executor.shutdown(wait=True, cancel_futures=True))
+    if state.batch is not None:
+        await loop.run_in_executor(None, state.batch.shutdown)

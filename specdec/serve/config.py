@@ -33,7 +33,11 @@ class ServeConfig:
 
     artifact: str
     model_name: str | None = None  # the `model` clients send; None: the artifact folder's name
-    max_concurrency: int = 1  # generations running at once (each in its own pool thread)
+    max_concurrency: int = 1  # with max_batch 1: generations running at once (each in its own pool thread)
+    # Requests decoded together by one batch engine (specdec/runtime/batch.py), each in a KV slot of
+    # kv_capacity positions; 1: each generation runs alone on its own thread (max_concurrency of them).
+    max_batch: int = 1
+    kv_capacity: int = 1024
     max_queue: int = 16  # requests waiting for a slot; one more gets 429 + Retry-After
     request_timeout: float = 300.0  # seconds from arrival (queue included) until a request is cut off
     max_tokens_default: int = 256  # max_tokens when the request sets none
@@ -50,6 +54,10 @@ class ServeConfig:
         """Raise SpecdecError for an out-of-range setting."""
         if self.max_concurrency < 1:
             raise SpecdecError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_batch < 1:
+            raise SpecdecError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.kv_capacity < 16:
+            raise SpecdecError(f"kv_capacity must be >= 16 positions, got {self.kv_capacity}")
         if self.max_queue < 0:
             raise SpecdecError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.request_timeout <= 0:
@@ -64,17 +72,25 @@ class ServeConfig:
         """Return the model id clients address (`model` in requests, `id` in /v1/models)."""
         return self.model_name or os.path.basename(os.path.normpath(self.artifact))
 
+    @property
+    def running_limit(self) -> int:
+        """Return how many requests generate at once: the batch's slots, or the concurrent generations."""
+        return self.max_batch if self.max_batch > 1 else self.max_concurrency
+
     def engine_threads(self, cores: int | None = None) -> int:
-        """Return intra-op threads per generation: `threads`, else cores // max_concurrency (at least 1)."""
+        """Return intra-op threads per call: `threads`, else every core for the batch engine's one call at a
+        time, else cores // max_concurrency (at least 1)."""
         if self.threads is not None:
             return self.threads
+        if self.max_batch > 1:
+            return cores or available_cores()
         return max(1, (cores or available_cores()) // self.max_concurrency)
 
     def oversubscription(self, cores: int | None = None) -> str | None:
         """Return a one-line note when threads x concurrent generations exceed the cores, else None."""
         cores = cores or available_cores()
         threads = self.engine_threads(cores)
-        if threads * self.max_concurrency <= cores:
+        if self.max_batch > 1 or threads * self.max_concurrency <= cores:
             return None
         return (f"{threads} threads x {self.max_concurrency} concurrent generations > {cores} cores: the "
                 f"generations will compete for cores (leave --threads unset to size it to cores / concurrency)")

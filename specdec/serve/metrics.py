@@ -30,6 +30,10 @@ class ServerMetrics:
         self.running = Gauge("vllm:num_requests_running", "Requests generating now.", label, registry=registry)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for a generation slot.", label,
                              registry=registry)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "Fraction of the batch engine's KV slot positions in use.",
+                              label, registry=registry)
+        self.batch_size = Histogram("specdec:batch_size", "Sequences in each batched target call.", label,
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=registry)
         self.success = Counter("vllm:request_success", "Finished requests, by finish reason.",
                                label + ["finished_reason"], registry=registry)
         self.rejected = Counter("specdec:requests_rejected", "Requests turned away (overloaded: 429; draining: 503).",
@@ -81,8 +85,14 @@ class ServerMetrics:
             for position in range(accepted):
                 self._spec_per_pos[position] = self._spec_per_pos.get(position, 0) + 1
 
-    def set_load(self, running: int, waiting: int) -> None:
-        """Set the running and waiting gauges."""
+    def observe_batch(self, rows: int) -> None:
+        """Count one batched target call over `rows` sequences (called from the batch engine's thread)."""
+        self.batch_size.labels(self.model).observe(rows)
+
+    def set_load(self, running: int, waiting: int, kv_usage: float | None = None) -> None:
+        """Set the running and waiting gauges, and the KV usage where a batch engine holds slots."""
+        if kv_usage is not None:
+            self.kv_usage.labels(self.model).set(kv_usage)
         self.running.labels(self.model).set(running)
         self.waiting.labels(self.model).set(waiting)
         self._load = (running, waiting)

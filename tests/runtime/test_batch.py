@@ -79,10 +79,9 @@ def test_seeded_sampled_requests_reproduce_under_load(engine):
     assert loaded == alone
 
 
-def test_sampled_distribution_under_batching_is_the_targets(tiny_near_draft_artifact):
+def test_sampled_distribution_under_batching_is_the_targets(engine):
     """Chi-square of the first four tokens' joint distribution, plain and speculating requests mixed 8 at a time:
     tokens 2-4 come from batched calls (plain rows) and verify calls with rejections and bonus tokens."""
-    engine = Engine.load(tiny_near_draft_artifact, provider="cpu", threads=1)
     settings = dict(temperature=1.3, top_k=3)
     prompt_ids = engine.prompt_ids("one, two, three, one, two, three, one, two,")
     exact = _target_joint(engine, prompt_ids, SamplingConfig(**settings), depth=4)

@@ -1,0 +1,45 @@
+"""`specdec serve` with the batch engine: concurrent streamed chats share target calls, each answer its own."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+
+from specdec.runtime import GenerationConfig
+from tests.serve.conftest import MODEL, live_server
+
+PROMPTS = ["The quick brown fox", "one, two, three, one, two,", "Hello world!", "def add(a, b):",
+           "a b c d a b c", "Paris is the", "red green blue red", "x = [1, 2, 3,"]
+
+
+def _streamed_chat(url: str, prompt: str, out: dict) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 20, "temperature": 0,
+            "stream": True}
+    text = []
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                choices = json.loads(line[6:])["choices"]
+                if choices:
+                    text.append(choices[0]["delta"].get("content") or "")
+    out[prompt] = "".join(text)
+
+
+def test_eight_streamed_chats_share_calls_and_each_gets_its_own_greedy_answer(serve_engine, serve_artifact):
+    expected = {p: serve_engine.generate(serve_engine.codec.chat_prompt([{"role": "user", "content": p}]),
+                                         GenerationConfig(max_new_tokens=20, chat=False)).text for p in PROMPTS}
+    with live_server(serve_engine, serve_artifact, max_batch=4, kv_capacity=256) as server:
+        answers: dict[str, str] = {}
+        threads = [threading.Thread(target=_streamed_chat, args=(server.url, p, answers)) for p in PROMPTS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert answers == expected
+        assert server.metric("specdec:batch_size_count") > 0
+        assert server.metric("specdec:batch_size_sum") > server.metric("specdec:batch_size_count")  # rows shared calls
+        assert "vllm:kv_cache_usage_perc" in httpx.get(server.url + "/metrics").text
+        assert server.state.batch.arena.used == 0
