@@ -47,6 +47,11 @@ def export_onnx(export_path: str, output_dir: Path, opset: int | None, device: s
         warnings.simplefilter("ignore")
         previous = logging.getLogger("optimum").level
         logging.getLogger("optimum").setLevel(logging.ERROR)
+        # optimum's own from_pretrained passes `torch_dtype`, which transformers reports as deprecated: not
+        # a call of ours, nothing the user can act on.
+        from transformers.utils import logging as transformers_logging
+        verbosity = transformers_logging.get_verbosity()
+        transformers_logging.set_verbosity_error()
         try:
             main_export(
                 export_path,
@@ -66,6 +71,7 @@ def export_onnx(export_path: str, output_dir: Path, opset: int | None, device: s
             raise ExportError(f"optimum could not export '{export_path}': {lines[0]}") from None
         finally:
             logging.getLogger("optimum").setLevel(previous)
+            transformers_logging.set_verbosity(verbosity)
     graph = output_dir / "model.onnx"
     if not graph.is_file():
         raise ExportError(f"optimum wrote no model.onnx for '{export_path}'")

@@ -113,7 +113,8 @@ def load_source(source: str, workdir: Path, trust_remote_code: bool = False,
             config = AutoConfig.from_pretrained(gguf.parent, **kwargs)
             architecture_for(config.model_type)  # refuse before the slow dequantization
             # Handing the config on spares two more parses of the file's metadata (~5 s each on SmolLM2).
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, config=config, **kwargs)
+            # legacy=True: the behaviour transformers picks by default, chosen here so that it need not say so.
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, config=config, legacy=True, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, config=config, dtype="float32", **kwargs)
             export_path = str(workdir / "hf")
             model.save_pretrained(export_path)

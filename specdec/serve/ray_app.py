@@ -49,7 +49,8 @@ def replica_config(config: ServeConfig, cpus_per_replica: float) -> ServeConfig:
     """Return `config` with engine threads sized to one replica's CPUs (unless threads were set)."""
     if config.threads is not None:
         return config
-    return dataclasses.replace(config, threads=max(1, int(cpus_per_replica) // config.max_concurrency))
+    per_call = 1 if config.max_batch > 1 else config.max_concurrency  # the batch engine makes one call at a time
+    return dataclasses.replace(config, threads=max(1, int(cpus_per_replica) // per_call))
 
 
 def check_local_resources(replicas: int, cpus_per_replica: float, gpus_per_replica: float,
@@ -104,7 +105,7 @@ def build_app(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0,
         num_replicas=replicas,
         ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
         # every request reaches the app, whose own admission answers 429 beyond its queue
-        max_ongoing_requests=config.max_concurrency + config.max_queue,
+        max_ongoing_requests=config.running_limit + config.max_queue,
         # Ray's router holds at most this many when every replica is full (then Ray answers 503)
         max_queued_requests=max(1, config.max_queue),
         max_constructor_retry_count=2,  # a replica that cannot load its engine fails the deploy fast

@@ -56,8 +56,11 @@ def test_app_builder_takes_a_config_files_args():
     deployment = app._bound_deployment  # what Ray will place: 3 replicas of 2 CPUs, 2 generations x 1 thread each
     assert deployment.num_replicas == 3 and deployment.ray_actor_options["num_cpus"] == 2.0
     assert deployment.init_args[0].threads == 1 and deployment.max_ongoing_requests == 2 + 16
-    with pytest.raises(SpecdecError, match="unknown max_batch"):
-        app_builder({"artifact": "a", "max_batch": 4})
+    batched = app_builder({"artifact": "/models/smollm2", "replicas": 2, "replica_cpus": 2, "max_batch": 4})
+    deployment = batched._bound_deployment  # the batch engine makes one call at a time: every CPU per call
+    assert deployment.init_args[0].threads == 2 and deployment.max_ongoing_requests == 4 + 16
+    with pytest.raises(SpecdecError, match="unknown max_batches"):
+        app_builder({"artifact": "a", "max_batches": 4})
     with pytest.raises(SpecdecError, match="artifact missing"):
         app_builder({"replicas": 2})
 
