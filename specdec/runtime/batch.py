@@ -55,6 +55,28 @@ class _Request:
     submitted: float = field(default_factory=time.perf_counter)
 
 
+def _candidate(opened: OpenRequest, situation: str | None, k: int) -> DraftCandidate:
+    """Return what the batch plan knows of a request that asks for k drafts.
+
+    A K the request itself set is kept under any load (its sampled output then reproduces at any
+    load); `auto`'s K and the artifact's default K give way when the batch serves more without them.
+    """
+    policy = opened.state.policy
+    if isinstance(policy, AdaptiveDraftLength):
+        return DraftCandidate(k, _cautious_alpha(policy.estimate(situation or ANY_SITUATION)))
+    stats = opened.stats
+    if opened.config.num_draft_tokens is None:  # the default K: judged on this request's record so far
+        return DraftCandidate(k, (stats.accepted + 1) / (stats.acceptance_tests + 2))
+    return DraftCandidate(k, 0.5, adjustable=False)
+
+
+def _cautious_alpha(estimate) -> float:
+    """Return the lower of a situation's recent (EWMA) and whole-record acceptance: a batch pays for a
+    wrong yes with every other row's time, so a streak of accepts alone does not buy a verify call."""
+    record = estimate.accepted_total / estimate.tests_total if estimate.tests_total > 0 else estimate.alpha
+    return min(estimate.alpha, record)
+
+
 _END = object()  # the scheduler is done with a request (cancelled or shut down)
 
 
@@ -68,6 +90,7 @@ class BatchEngine:
         self.engine = engine
         self.arena = SlotArena(engine.target, max_batch, kv_capacity)
         self.batch_costs = BatchCallCosts()
+        self.verify_costs = BatchCallCosts()  # a speculating request's drafting + batch-1 verify call, by tokens
         self.on_step = on_step  # called with the rows of every batched call (a metrics histogram)
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -239,10 +262,12 @@ class BatchEngine:
 
     def _verify(self, request: _Request, situation: str | None, proposal) -> None:
         state = request.opened.state
+        drafting = state.draft_seconds
         start = time.perf_counter()
         logits = verify_call(self.engine.target, request.cache, state, proposal.tokens)
-        self._deliver(request, commit(state, request.cache, situation, proposal, logits,
-                                      time.perf_counter() - start))
+        seconds = time.perf_counter() - start
+        self.verify_costs.observe(len(proposal.tokens) + 1, seconds + drafting)
+        self._deliver(request, commit(state, request.cache, situation, proposal, logits, seconds))
 
     def _draft_lengths(self, running: list[_Request], plans: list[tuple[str | None, int]]) -> list[int]:
         """Return each request's K this step: its policy's, unless the batch serves more tokens per second without it."""
@@ -252,17 +277,20 @@ class BatchEngine:
         candidates, where = [], []
         for i, (request, (situation, k)) in enumerate(zip(running, plans)):
             if k > 0:
-                policy = request.opened.state.policy
-                adaptive = isinstance(policy, AdaptiveDraftLength)
-                alpha = policy.estimate(situation or ANY_SITUATION).alpha if adaptive else 0.5
-                candidates.append(DraftCandidate(k, alpha, adjustable=adaptive))
+                candidates.append(_candidate(request.opened, situation, k))
                 where.append(i)
         if not candidates:
             return ks
         costs = self.engine.target_call_costs
         one_row = self.batch_costs.seconds(1)
+        verify = self.verify_costs.table()
+
+        def verify_seconds(tokens: int) -> float:
+            # Measured here (drafting included) once timed; before, the 1-row call scaled by auto's t(n).
+            return verify.get(tokens) or one_row * costs.relative(tokens)
+
         chosen = choose_speculating(candidates, len(running) - len(candidates), self.batch_costs.seconds,
-                                    lambda n: one_row * costs.relative(n))
+                                    verify_seconds)
         for i, keep in zip(where, chosen):
             if not keep:
                 ks[i] = 0

@@ -175,3 +175,12 @@ def test_batch_call_costs_interpolate_between_timed_row_counts():
     costs.observe(4, 0.05)
     assert costs.seconds(0) == 0.0
     assert np.isclose(costs.seconds(2), 0.03) and np.isclose(costs.seconds(8), 0.09)
+
+
+def test_only_a_k_the_request_set_itself_is_kept_under_load(engine):
+    """auto's K and the artifact's default K give way in a batch; an explicit K is kept (and reproduces)."""
+    from specdec.runtime.batch import _candidate
+
+    for k, adjustable in [("auto", True), (None, True), (3, False)]:
+        opened = engine.open_request([1, 2, 3], GenerationConfig(drafter="ngram", num_draft_tokens=k))
+        assert _candidate(opened, "any", 2).adjustable is adjustable, k
