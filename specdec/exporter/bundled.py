@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from specdec.models.errors import ExportError
@@ -26,5 +27,15 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def main() -> int:
+    """Print the GGUF's path (what the Makefile exports); return 1 after a one-line error when it is missing."""
+    try:
+        print(smollm2_gguf_path())
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    print(smollm2_gguf_path())
+    sys.exit(main())
