@@ -175,7 +175,7 @@ def greedy_head_check(session: ModelSession, prompts: list[list[int]]) -> dict[s
             full = session.forward(full_cache, chunk)
             greedy = session.forward(greedy_cache, chunk, greedy=True)
             argmax_equal &= bool((np.argmax(full, axis=-1) == np.argmax(greedy, axis=-1)).all())
-            hidden, approx = session.last_greedy_rows  # of the greedy call above: the heads' input and 8-bit logits
+            hidden, approx = greedy_cache.last_greedy_rows  # of the greedy call above: the heads' input and 8-bit logits
             approx = approx.astype(np.float64)
             bounds = logit_bounds(hidden, head.weight_norms[:vocab], head.weight_errors[:vocab])
             worst = max(worst, float((np.abs(full.astype(np.float64) - approx) / bounds).max()))

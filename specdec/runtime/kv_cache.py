@@ -139,6 +139,8 @@ class KVCache:
         # The model session's reusable IOBindings for this cache (specdec/runtime/session.py CallBinding),
         # keyed by which outputs they fetch; they reference the buffers, so they go when those do.
         self.bindings: dict = {}
+        # The last greedy-head call's (heads' input rows, 8-bit logits), for validation and diagnostics.
+        self.last_greedy_rows: tuple[np.ndarray, np.ndarray] | None = None
 
     def __del__(self):
         self.release()

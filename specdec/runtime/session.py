@@ -159,7 +159,6 @@ class ModelSession:
                                len(self._past_names)) if self.shared_kv else None
         # An 8-bit LM head for greedy calls (CPU: where a step is bound by the bytes it reads).
         self.greedy_head: GreedyHead | None = None
-        self.last_greedy_rows: tuple[np.ndarray, np.ndarray] | None = None  # (heads' input, 8-bit logits)
         if spec.greedy_head and self.device == "cpu":
             self.greedy_head = GreedyHead.load(folder, spec.greedy_head)
 
@@ -316,10 +315,11 @@ class ModelSession:
         # Copies: the output buffers are written again by the next call of this cache.
         kept, kept_by_head = plan.kept, plan.kept_by_head
         if head:
-            self.last_greedy_rows = (np.array(self._fetched(call, spec.greedy_head["input_name"], head_value)[0, kept]),
-                                     np.array(self._fetched(call, spec.greedy_head["approx_name"], approx_value)
-                                              [0, kept_by_head, : self.vocab_limit]))
-            logits = head.logits(*self.last_greedy_rows)
+            # Kept on the request's own cache, never on the shared session: another request's call may run now.
+            cache.last_greedy_rows = (np.array(self._fetched(call, spec.greedy_head["input_name"], head_value)[0, kept]),
+                                      np.array(self._fetched(call, spec.greedy_head["approx_name"], approx_value)
+                                               [0, kept_by_head, : self.vocab_limit]))
+            logits = head.logits(*cache.last_greedy_rows)
         else:
             logits = np.array(self._fetched(call, spec.logits_name, logits_value)
                               [0, kept_by_head, : self.vocab_limit])

@@ -211,3 +211,32 @@ def test_a_hidden_prefill_runs_the_lm_head_on_the_kept_rows_only(greedy_artifact
     call = cache.bindings[(True, greedy)]
     head_output = spec.greedy_head["approx_name"] if greedy else spec.logits_name
     assert call.io.get_outputs()[call._order(head_output)].shape()[1] == 1  # one row computed, not all
+
+
+def test_sixteen_concurrent_greedy_head_requests_each_get_their_sequential_text(greedy_artifact, monkeypatch):
+    """The 8-bit head's rows live in the request's cache, not on the shared session: 16 threads at once, a
+    thread switch forced inside every head call, every text as when run alone. With the batch engine too
+    (its batched rows read the same head)."""
+    import threading
+    import time
+
+    from specdec.runtime.batch import BatchEngine
+    from specdec.runtime.greedy_head import GreedyHead
+
+    engine = Engine.load(greedy_artifact, provider="cpu", threads=1)
+    prompts = [f"{word} {n}" for n in range(4) for word in ("Hello", "one two", "abc", "The")]
+    config = GenerationConfig(max_new_tokens=12, drafter="ngram", num_draft_tokens=2)
+    alone = [engine.generate(p, config).token_ids for p in prompts]
+    logits = GreedyHead.logits
+    monkeypatch.setattr(GreedyHead, "logits", lambda self, h, a: time.sleep(0.001) or logits(self, h, a))
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=64)
+    for run in (lambda p: engine.generate(p, config), lambda p: batch.generate(p, config)):
+        results = [None] * len(prompts)
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(prompts[i]).token_ids))
+                   for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == alone
+    batch.shutdown()
