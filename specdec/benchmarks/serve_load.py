@@ -93,7 +93,7 @@ def summarize(cell: Cell) -> dict[str, Any]:
         # CPU the server got: cores used on average, and CPU per generated token (its work, whatever it waited)
         "server_cores": cell.cpu_seconds / cell.seconds if cell.cpu_seconds is not None and cell.seconds else None,
         "server_cpu_ms_per_token": 1000 * cell.cpu_seconds / tokens if cell.cpu_seconds is not None and tokens else None,
-        "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+        "ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90), "ttft_p99": percentile(ttft, 99),
         "e2e_p50": percentile(e2e, 50), "e2e_p99": percentile(e2e, 99),
         # decode calls only: the prefill is one call per request whatever the drafter
         "tokens_per_target_call": (tokens - len(done)) / (calls - len(done)) if calls > len(done) else None,
@@ -121,14 +121,18 @@ def parse_sse_line(line: str) -> dict | None:
 
 
 async def one_request(client, url: str, model: str | None, case: PromptCase, drafter: str,
-                      max_tokens: int, num_draft_tokens: str | None) -> Record:
-    """Send one greedy streamed chat completion and time it; never raises (errors are recorded)."""
+                      max_tokens: int, num_draft_tokens: str | None, plain: bool = False) -> Record:
+    """Send one greedy streamed chat completion and time it; never raises (errors are recorded).
+
+    `plain`: a server that is not specdec (llama-server, vLLM): only OpenAI's own fields are sent.
+    """
     body: dict[str, Any] = {"messages": [{"role": "user", "content": case.prompt}], "max_tokens": max_tokens,
-                            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-                            "drafter": drafter, "specdec_stats": True}
+                            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if not plain:
+        body.update(drafter=drafter, specdec_stats=True)
     if model:
         body["model"] = model
-    if num_draft_tokens is not None:
+    if num_draft_tokens is not None and not plain:
         body["num_draft_tokens"] = num_draft_tokens if num_draft_tokens == "auto" else int(num_draft_tokens)
     record = Record(case.id, ok=False)
     pieces: list[str] = []
@@ -168,7 +172,7 @@ async def one_request(client, url: str, model: str | None, case: PromptCase, dra
 
 
 async def run_round(url: str, model: str | None, cases: Sequence[PromptCase], drafter: str, concurrency: int,
-                    requests: int, offset: int, max_tokens: int, num_draft_tokens: str | None
+                    requests: int, offset: int, max_tokens: int, num_draft_tokens: str | None, plain: bool = False
                     ) -> tuple[list[Record], float]:
     """Run `requests` requests with `concurrency` closed-loop clients; return the records and the wall time."""
     import httpx
@@ -181,7 +185,7 @@ async def run_round(url: str, model: str | None, cases: Sequence[PromptCase], dr
             while queue:
                 index = queue.pop(0)
                 records.append(await one_request(client, url, model, cases[index % len(cases)], drafter,
-                                                 max_tokens, num_draft_tokens))
+                                                 max_tokens, num_draft_tokens, plain))
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -280,12 +284,14 @@ def tree_cpu_seconds(root: int) -> float:
     return total
 
 
-def rounds(servers: Sequence[str], drafters: Sequence[str], concurrency: Sequence[int], repeats: int
-           ) -> Iterator[tuple[int, int, str, str]]:
-    """Yield (concurrency, round, server, drafter) in run order: per concurrency, rounds alternate all pairs."""
+def rounds(servers: Sequence[str], drafters: Sequence[str], concurrency: Sequence[int], repeats: int,
+           plain: Sequence[str] = ()) -> Iterator[tuple[int, int, str, str]]:
+    """Yield (concurrency, round, server, drafter) in run order: per concurrency, rounds alternate all pairs.
+
+    A `plain` server (not specdec) runs only its own decoding, under the drafter label "none"."""
     for c in concurrency:
         for repeat in range(repeats):
-            pairs = [(s, d) for s in servers for d in drafters]
+            pairs = [(s, d) for s in servers for d in drafters if s not in plain or d == "none"]
             if repeat % 2:  # the second round runs the pairs backwards, so no pair always runs first
                 pairs.reverse()
             for server, drafter in pairs:
@@ -318,9 +324,9 @@ def markdown(summaries: Sequence[dict[str, Any]], setup: dict[str, Any]) -> str:
     """Return the report: setup, one table row per (server, concurrency, drafter), speedup vs target-only."""
     base = {(s["server"], s["concurrency"]): s for s in summaries if s["drafter"] == "none"}
     lines = [f"Setup: {setup['setup']}", "", f"Command: `{setup['command']}`", "",
-             "| server | clients | decoding | requests | tok/s | vs target-only | TTFT p50 s | TTFT p99 s "
+             "| server | clients | decoding | requests | tok/s | vs target-only | TTFT p50 s | TTFT p90 s | TTFT p99 s "
              "| e2e p50 s | e2e p99 s | tokens/target call | server cores | server CPU ms/token |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summaries:
         ref = base.get((s["server"], s["concurrency"]))
         ratio = (s["tokens_per_second"] / ref["tokens_per_second"]
@@ -328,7 +334,7 @@ def markdown(summaries: Sequence[dict[str, Any]], setup: dict[str, Any]) -> str:
         requests = f"{s['requests'] - s['errors']}" + (f" ({s['errors']} failed)" if s["errors"] else "")
         lines.append(f"| {s['server']} | {s['concurrency']} | {DRAFTER_LABELS.get(s['drafter'], s['drafter'])} "
                      f"| {requests} | {_fmt(s['tokens_per_second'], 1)} | {_fmt(ratio) + 'x' if ratio else '-'} "
-                     f"| {_fmt(s['ttft_p50'])} | {_fmt(s['ttft_p99'])} | {_fmt(s['e2e_p50'])} | {_fmt(s['e2e_p99'])} "
+                     f"| {_fmt(s['ttft_p50'])} | {_fmt(s.get('ttft_p90'))} | {_fmt(s['ttft_p99'])} | {_fmt(s['e2e_p50'])} | {_fmt(s['e2e_p99'])} "
                      f"| {_fmt(s['tokens_per_target_call'])} | {_fmt(s.get('server_cores'))} "
                      f"| {_fmt(s.get('server_cpu_ms_per_token'), 0)} |")
     lines += ["", f"Greedy texts equal across drafters and servers: {setup['equal_texts']}"]
@@ -354,6 +360,11 @@ def _csv(kind: type, text: str, name: str) -> list:
                    "(Ray Serve, --generations replicas).")
 @click.option("--url", "urls", multiple=True, metavar="[NAME=]URL",
               help="Drive a running server instead (loopback only); repeat for several. Replaces --servers.")
+@click.option("--plain", "plain", multiple=True, metavar="NAME",
+              help="A --url server that is not specdec (llama-server, vLLM): sent only OpenAI's fields, run only "
+                   "in the target-only cells, left out of the greedy-text comparison. Repeat for several.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG: tokens/s and TTFT p90 against clients, one line per server and decoding.")
 @click.option("--generations", type=click.IntRange(min=1), default=2, show_default=True,
               help="Concurrent generations per server: the process's --max-concurrency, or Ray's replicas "
                    "(one generation each). Engine threads = cores / this in both.")
@@ -376,18 +387,19 @@ def _csv(kind: type, text: str, name: str) -> list:
 @click.option("--output", type=click.Path(file_okay=False), default=None,
               help="Folder for serve_load.json (every request) and serve_load.md (the table).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summaries as JSON instead of the table.")
-def main(artifact, servers, urls, generations, concurrency, drafters, num_draft_tokens, requests, repeats,
-         max_tokens, prompts_path, model, time_limit, output, as_json) -> None:
-    """Drive specdec serve with concurrent streaming clients on loopback; print throughput and latency."""
+def main(artifact, servers, urls, plain, plot_path, generations, concurrency, drafters, num_draft_tokens, requests,
+         repeats, max_tokens, prompts_path, model, time_limit, output, as_json) -> None:
+    """Drive specdec serve (and other OpenAI servers) with concurrent streaming clients on loopback; print
+    throughput and latency."""
     try:
         _main(artifact, servers, urls, generations, concurrency, drafters, num_draft_tokens, requests, repeats,
-              max_tokens, prompts_path, model, time_limit, output, as_json)
+              max_tokens, prompts_path, model, time_limit, output, as_json, plain, plot_path)
     except SpecdecError as err:
         raise click.ClickException(str(err)) from None
 
 
 def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft_tokens, requests, repeats,
-          max_tokens, prompts_path, model, time_limit, output, as_json) -> None:
+          max_tokens, prompts_path, model, time_limit, output, as_json, plain=(), plot_path=None) -> None:
     clients = _csv(int, concurrency, "--concurrency")
     if min(clients) < 1:
         raise click.BadParameter("client counts must be >= 1", param_hint="--concurrency")
@@ -420,10 +432,13 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
             stack.callback(server.stop)
             targets[kind] = server.wait_ready()
             started_here[kind] = server
+        unknown = [name for name in plain if name not in targets]
+        if unknown:
+            raise click.BadParameter(f"'{unknown[0]}' names no --url server", param_hint="--plain")
         for name, url in targets.items():  # warm-up: the first request of a drafter loads and calibrates
-            for drafter in drafter_list:
-                asyncio.run(run_round(url, model, cases, drafter, 1, 1, 0, 8, num_draft_tokens))
-        for c, repeat, name, drafter in rounds(list(targets), drafter_list, clients, repeats):
+            for drafter in (["none"] if name in plain else drafter_list):
+                asyncio.run(run_round(url, model, cases, drafter, 1, 1, 0, 8, num_draft_tokens, name in plain))
+        for c, repeat, name, drafter in rounds(list(targets), drafter_list, clients, repeats, plain):
             key = (name, drafter, c)
             cell = cells.setdefault(key, Cell(name, drafter, c))
             if time.monotonic() - started > time_limit:
@@ -433,7 +448,7 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
             cpu_before = process.cpu_seconds() if process else None
             # rounds start at different prompts, so each round's first requests are not always the same ones
             records, seconds = asyncio.run(run_round(targets[name], model, cases, drafter, c, per_round[repeat],
-                                                     repeat * c, max_tokens, num_draft_tokens))
+                                                     repeat * c, max_tokens, num_draft_tokens, name in plain))
             cell.records += records
             cell.seconds += seconds
             if process is not None:
@@ -446,7 +461,7 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
                           if failed else ""), err=True)
     summaries = [summarize(cells[key]) for key in sorted(cells, key=lambda k: (list(targets).index(k[0]), k[2],
                                                                                drafter_list.index(k[1])))]
-    differ = mismatches(list(cells.values()))
+    differ = mismatches([cell for cell in cells.values() if cell.server not in plain])
     setup = {
         "setup": (f"{cores} cores; servers {', '.join(targets)}; {generations} concurrent generations per server "
                   f"(engine threads {max(1, cores // generations)} each); {len(cases)} prompts "
@@ -466,7 +481,38 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
              "cells": [{**{k: v for k, v in asdict(c).items() if k != "records"},
                         "records": [asdict(r) for r in c.records]} for c in cells.values()]}, indent=1))
         (folder / "serve_load.md").write_text(table)
+    if plot_path:
+        plot(summaries, plot_path)
     click.echo(json.dumps({"setup": setup, "summaries": summaries}, indent=1) if as_json else table)
+
+
+def plot(summaries: Sequence[dict[str, Any]], path: str) -> None:
+    """Write a PNG: aggregate tokens/s (left) and TTFT p90 (right) against clients, a line per server x decoding."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for s in summaries:
+        lines.setdefault((s["server"], s["drafter"]), []).append(s)
+    for (server, drafter), points in lines.items():
+        points = sorted(points, key=lambda s: s["concurrency"])
+        label = f"{server}, {DRAFTER_LABELS.get(drafter, drafter)}"
+        clients = [s["concurrency"] for s in points]
+        left.plot(clients, [s["tokens_per_second"] or 0 for s in points], marker="o", label=label)
+        right.plot(clients, [s.get("ttft_p90") or 0 for s in points], marker="o", label=label)
+    for axis, title in ((left, "aggregate output tokens/s"), (right, "time to first token, p90 (s)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("streaming clients")
+        axis.set_title(title)
+        axis.grid(alpha=0.3)
+    right.set_yscale("log")
+    left.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,41 @@ def check_output_path(output: Path, force: bool) -> None:
             break
 
 
+STAGING_MARKER = ".specdec-staging"  # inside every staging folder an export makes: the process id that made it
+
+
+def remove_stale_staging(output: Path) -> list[Path]:
+    """Remove the hidden staging folders of earlier exports to `output` whose process is gone; return them.
+
+    Only folders that hold specdec's marker are touched (never one another tool or a person made),
+    and only when the process named in it no longer runs (a killed export), so a concurrent export
+    keeps its own.
+    """
+    parent, removed = output.resolve().parent, []
+    if not parent.is_dir():
+        return removed
+    for folder in parent.glob(f".{output.name}.partial-*"):
+        marker = folder / STAGING_MARKER
+        try:
+            pid = int(marker.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if not _running(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def staged_folder(output: Path, force: bool) -> Iterator[Path]:
     """Yield a temp folder; on clean exit it replaces `output`, on any exception (Ctrl-C too) it is deleted.
@@ -35,9 +70,12 @@ def staged_folder(output: Path, force: bool) -> Iterator[Path]:
     parent = output.resolve().parent
     created = [p for p in reversed(parent.parents) if not p.exists()] + ([parent] if not parent.exists() else [])
     parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(output)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=parent))
+    (staging / STAGING_MARKER).write_text(str(os.getpid()))
     try:
         yield staging
+        (staging / STAGING_MARKER).unlink()
         if output.exists():
             # Move the old artifact aside first so at no moment is there a half artifact at `output`.
             trash = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=parent))

@@ -164,7 +164,9 @@ def run(config: ServeConfig, host: str, port: int, replicas: int, cpus_per_repli
     ray, serve = _ray_serve()
     port = port or free_port(host)
     local = {} if address else {"object_store_memory": LOCAL_OBJECT_STORE_BYTES}
-    ray.init(address=address, include_dashboard=False, logging_level="WARNING", **local)
+    context = ray.init(address=address, include_dashboard=False, logging_level="WARNING", **local)
+    # Ray leaves this folder (logs, sockets) behind when it stops: say where it is.
+    session_folder = context.address_info.get("session_dir", "Ray's temp folder")
     stop = threading.Event()
     try:
         # per-request access lines only at debug, as the one-process server does
@@ -175,7 +177,8 @@ def run(config: ServeConfig, host: str, port: int, replicas: int, cpus_per_repli
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         print(f"specdec serve (Ray Serve, {replicas} replicas x {cpus_per_replica:g} CPUs): listening on "
-              f"http://{host}:{port} (model '{config.served_model_name}')", flush=True)
+              f"http://{host}:{port} (model '{config.served_model_name}'); Ray keeps its session files in "
+              f"{session_folder}", flush=True)
         if ready is not None:
             ready.set()
         stop.wait()

@@ -3,7 +3,7 @@
 SIGKILL runs no cleanup, so the staging folder (`.<name>.partial-*` beside the output) and the
 scratch folder (under TMPDIR) stay; what matters is that the output path never holds a half
 artifact, an artifact already there survives a killed `--force` re-export intact, and a rerun
-succeeds without --force.
+succeeds without --force and removes the killed runs' staging folders (only those).
 """
 
 from __future__ import annotations
@@ -61,16 +61,20 @@ def test_kill_9_at_each_point_leaves_no_artifact_and_the_rerun_succeeds(tiny_sou
         _kill_at(_export(source, output, scratch), point)
         assert not output.exists(), f"killed at '{point}': a (partial) artifact is at the output path"
         assert sorted(p.name for p in parent.iterdir() if not p.name.startswith(".art.partial-")) == []
+        # each run removes the staging folders of the runs killed before it: one is left, hidden beside the output
+        assert len(_debris(parent, "art")) == 1
     left = _debris(parent, "art")
-    assert len(left) == len(KILL_POINTS)  # one staging folder per killed run, all hidden beside the output
+    foreign = parent / ".art.partial-not-ours"  # a folder of the same shape that specdec did not make
+    foreign.mkdir()
     rerun = _export(source, output, scratch)
     _, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, err
+    assert _debris(parent, "art") == [foreign.name]  # the killed runs' folders went; the foreign one stays
     manifest = load_manifest(output)  # every file present and matching its sha256
     assert manifest.target.role == "target" and manifest.draft is None
     with capsys.disabled():
         print(f"\nkill -9 at {len(KILL_POINTS)} points: no artifact each time; {len(left)} hidden staging folders "
-              f"left, rerun OK")
+              f"left, removed by the rerun")
 
 
 def test_kill_9_of_a_forced_re_export_keeps_the_old_artifact(tiny_sources, tiny_target_only_artifact, tmp_path):

@@ -137,6 +137,8 @@ def test_ray_serve_two_replicas_on_loopback_answer_the_openai_client_and_stop(se
             assert time.monotonic() < end, f"no listening line in {START_TIMEOUT:g} s:\n{''.join(output)[-3000:]}"
         url = f"http://127.0.0.1:{port}"
         assert re.search(rf"listening on {re.escape(url)}", "".join(output))
+        session = re.search(r"Ray keeps its session files in (\S+)", "".join(output))
+        assert session and os.path.isdir(session.group(1)), "".join(output)[-1000:]
 
         # every socket Ray and the replicas listen on is on the loopback address
         pids = _descendants(proc.pid)
