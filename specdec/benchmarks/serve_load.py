@@ -138,7 +138,11 @@ async def one_request(client, url: str, model: str | None, case: PromptCase, dra
     pieces: list[str] = []
     start = time.perf_counter()
     try:
-        async with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT) as reply:
+        # A fresh connection per request for other servers: llama-server drops idle keep-alive connections,
+        # and a request sent on one it just closed fails without a response.
+        headers = {"Connection": "close"} if plain else None
+        async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers,
+                                 timeout=REQUEST_TIMEOUT) as reply:
             if reply.status_code != 200:
                 record.error = f"HTTP {reply.status_code}: {(await reply.aread())[:200]!r}"
                 return record
@@ -503,8 +507,10 @@ def plot(summaries: Sequence[dict[str, Any]], path: str) -> None:
         clients = [s["concurrency"] for s in points]
         left.plot(clients, [s["tokens_per_second"] or 0 for s in points], marker="o", label=label)
         right.plot(clients, [s.get("ttft_p90") or 0 for s in points], marker="o", label=label)
+    ticks = sorted({s["concurrency"] for s in summaries})
     for axis, title in ((left, "aggregate output tokens/s"), (right, "time to first token, p90 (s)")):
         axis.set_xscale("log", base=2)
+        axis.set_xticks(ticks, [str(t) for t in ticks])
         axis.set_xlabel("streaming clients")
         axis.set_title(title)
         axis.grid(alpha=0.3)
