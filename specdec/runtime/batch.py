@@ -151,10 +151,7 @@ class BatchEngine:
         drafter that reads the target's features (not batched yet).
         """
         ids = self.engine.checked_prompt(prompt, config)
-        needed = len(ids) + config.max_new_tokens + GenerationConfig.max_draft_tokens_auto + 1
-        if min(needed, self.engine.max_positions) > self.arena.parked_position:
-            raise GenerationError(f"prompt ({len(ids)} tokens) plus max_new_tokens ({config.max_new_tokens}) does not "
-                                  f"fit a KV slot of {self.arena.capacity} positions; raise the KV capacity")
+        self.check_fits(len(ids), config.max_new_tokens)
         opened = self.engine.open_request(ids, config)
         if opened.state.hidden:
             raise GenerationError("a drafter that reads the target's features (eagle) is not batched yet: "
@@ -167,6 +164,13 @@ class BatchEngine:
             self._wake.notify()
         return GenerationStream(lambda stream: self.engine.text_pieces(opened, self._iterations(request),
                                                                        request.counters, on_iteration, stream))
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise GenerationError when a request of this size may outgrow a KV slot (its drafts included)."""
+        needed = prompt_tokens + max_new_tokens + GenerationConfig.max_draft_tokens_auto + 1
+        if min(needed, self.engine.max_positions) > self.arena.parked_position:
+            raise GenerationError(f"{prompt_tokens} prompt tokens + max_tokens {max_new_tokens} do not fit a KV slot "
+                                  f"of {self.arena.capacity} positions (this server's --kv-capacity)")
 
     def shutdown(self) -> None:
         """Stop the scheduler after its current step; requests still running end where they are."""

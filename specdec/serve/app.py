@@ -225,6 +225,11 @@ def _generation_config(state: ServerState, body: Any, prompt_length: int, param:
         raise APIError(400, f"prompt of {prompt_length} tokens leaves no room in the model's "
                             f"{engine.max_positions} positions", param=param, code="context_length_exceeded")
     max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or config.max_tokens_default
+    if state.batch is not None:
+        try:
+            state.batch.check_fits(prompt_length, max_tokens)
+        except SpecdecError as err:
+            raise APIError(400, str(err), param=param, code="context_length_exceeded") from None
     stops = body.stop_strings()
     if len(stops) > protocol.MAX_STOP_STRINGS:
         raise APIError(400, f"at most {protocol.MAX_STOP_STRINGS} stop strings", param="stop")

@@ -124,7 +124,7 @@ def test_cancelled_and_finished_requests_free_their_slots(engine):
 def test_a_request_that_does_not_fit_a_slot_is_refused_in_one_line(engine):
     batch = BatchEngine(engine, max_batch=2, kv_capacity=32)
     try:
-        with pytest.raises(GenerationError, match="does not fit a KV slot"):
+        with pytest.raises(GenerationError, match="do not fit a KV slot of 32 positions"):
             batch.stream(PROMPTS[0], GenerationConfig(max_new_tokens=64))
     finally:
         batch.shutdown()

@@ -43,3 +43,12 @@ def test_eight_streamed_chats_share_calls_and_each_gets_its_own_greedy_answer(se
         assert server.metric("specdec:batch_size_sum") > server.metric("specdec:batch_size_count")  # rows shared calls
         assert "vllm:kv_cache_usage_perc" in httpx.get(server.url + "/metrics").text
         assert server.state.batch.arena.used == 0
+
+
+def test_a_request_that_cannot_fit_a_kv_slot_gets_a_400_naming_the_capacity(serve_engine, serve_artifact):
+    with live_server(serve_engine, serve_artifact, max_batch=2, kv_capacity=64) as server:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 200}
+        reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 400
+        assert "KV slot of 64 positions" in reply.json()["error"]["message"]
+        assert reply.json()["error"]["code"] == "context_length_exceeded"
