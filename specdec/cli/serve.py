@@ -35,12 +35,24 @@ from specdec.models.errors import MissingDependencyError, SpecdecError
 @click.option("--max-tokens-default", type=click.IntRange(min=1), default=256, show_default=True,
               help="max_tokens when a request sets none.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="onnxruntime intra-op threads (default: every core with --max-batch > 1, else cores / max-concurrency).")
+              help="onnxruntime intra-op threads (default: every core with --max-batch > 1, "
+                   "else cores / max-concurrency).")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto", callback=draft_tokens_callback,
               help="Default K (requests may set num_draft_tokens). Default: the artifact's.")
 @click.option("--drafter", type=click.Choice(DRAFTER_CHOICES), default="auto", show_default=True,
               help="Default drafter (requests may set drafter).")
+@click.option("--api-key", "api_keys", multiple=True, envvar="SPECDEC_API_KEY", metavar="KEY",
+              help="Require 'Authorization: Bearer KEY' on every route but /health (repeat for several keys; "
+                   "also read from SPECDEC_API_KEY).")
+@click.option("--api-key-file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A file of keys, one per line (blank lines and # comments skipped), added to --api-key.")
+@click.option("--public-metrics", is_flag=True,
+              help="Serve /metrics without a key (for a scraper on a private network).")
+@click.option("--allow-no-key", is_flag=True,
+              help="Start on a non-loopback --host without any key (anyone who reaches the port can generate).")
+@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
+              help="Largest POST body; a larger one gets 413.")
 @click.option("--stats-in-response", is_flag=True,
               help="Add each request's speculative stats under \"specdec\" (requests may set specdec_stats).")
 @click.option("--shutdown-grace", type=float, default=30.0, show_default=True,
@@ -53,19 +65,27 @@ from specdec.models.errors import MissingDependencyError, SpecdecError
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @one_line_errors
-def serve(artifact, host, port, model_name, max_batch, kv_capacity, max_concurrency, max_queue, request_timeout, max_tokens_default,
-          threads, provider, num_draft_tokens, drafter, stats_in_response, shutdown_grace, use_ray, replicas,
-          replica_cpus, replica_gpus, ray_address, log_level) -> None:
+def serve(artifact, host, port, model_name, max_batch, kv_capacity, max_concurrency, max_queue, request_timeout,
+          max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys, api_key_file, public_metrics,
+          allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, use_ray, replicas, replica_cpus,
+          replica_gpus, ray_address, log_level) -> None:
     """Serve ARTIFACT over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions), /health, /metrics."""
     from specdec.models.manifest import load_manifest
     from specdec.serve.config import ServeConfig
+    from specdec.serve.guard import is_loopback
+
+    keys = tuple(api_keys) + _keys_from_file(api_key_file)
+    if not keys and not is_loopback(host) and not allow_no_key:
+        raise SpecdecError(f"--host {host} is reachable from other machines and no --api-key is set: give a key "
+                           "(--api-key, --api-key-file or SPECDEC_API_KEY), or pass --allow-no-key")
 
     config = ServeConfig(artifact=artifact, model_name=model_name, max_batch=max_batch, kv_capacity=kv_capacity,
                          max_concurrency=max_concurrency,
                          max_queue=max_queue, request_timeout=request_timeout,
                          max_tokens_default=max_tokens_default, threads=threads, provider=provider,
                          num_draft_tokens=num_draft_tokens, drafter=drafter, stats_in_response=stats_in_response,
-                         shutdown_grace=shutdown_grace)
+                         shutdown_grace=shutdown_grace, api_keys=keys, public_metrics=public_metrics, host=host,
+                         max_body_bytes=max_body_bytes)
     config.validate()
     load_manifest(artifact, check_files=True)  # a bad artifact fails here, in one line, before any port opens
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -117,3 +137,10 @@ def _running(config) -> str:
     if config.max_batch > 1:
         return f"batches of up to {config.max_batch} x {config.engine_threads()} threads, KV {config.kv_capacity}"
     return f"{config.max_concurrency} concurrent x {config.engine_threads()} threads"
+
+
+def _keys_from_file(path: str | None) -> tuple[str, ...]:
+    if path is None:
+        return ()
+    with open(path) as f:
+        return tuple(line.strip() for line in f if line.strip() and not line.lstrip().startswith("#"))

@@ -274,7 +274,8 @@ class BatchEngine:
         self._deliver(request, commit(state, request.cache, situation, proposal, logits, seconds))
 
     def _draft_lengths(self, running: list[_Request], plans: list[tuple[str | None, int]]) -> list[int]:
-        """Return each request's K this step: its policy's, unless the batch serves more tokens per second without it."""
+        """Return each request's K this step: its policy's, unless the batch serves more tokens per second
+        without it."""
         ks = [k for _, k in plans]
         if len(running) == 1:
             return ks  # alone: exactly the single-request loop's choice

@@ -316,9 +316,10 @@ class ModelSession:
         kept, kept_by_head = plan.kept, plan.kept_by_head
         if head:
             # Kept on the request's own cache, never on the shared session: another request's call may run now.
-            cache.last_greedy_rows = (np.array(self._fetched(call, spec.greedy_head["input_name"], head_value)[0, kept]),
-                                      np.array(self._fetched(call, spec.greedy_head["approx_name"], approx_value)
-                                               [0, kept_by_head, : self.vocab_limit]))
+            head_input = self._fetched(call, spec.greedy_head["input_name"], head_value)
+            approx = self._fetched(call, spec.greedy_head["approx_name"], approx_value)
+            cache.last_greedy_rows = (np.array(head_input[0, kept]),
+                                      np.array(approx[0, kept_by_head, : self.vocab_limit]))
             logits = head.logits(*cache.last_greedy_rows)
         else:
             logits = np.array(self._fetched(call, spec.logits_name, logits_value)
@@ -336,9 +337,10 @@ class ModelSession:
         """Run ONE call over len(caches) sequences, one new token each; return logits [len(caches), vocab].
 
         binding_for(greedy_head) returns the call's binding, every KV tensor bound to rows
-        0..len(caches)-1 of the slot arena (SlotArena.binding), row i being caches[i]'s. A None row is parked: it writes a throwaway token at `parked_position`,
-        a position no request reaches. Each row attends over its own length (seqlens_k per row), so its
-        logits are those of a batch-1 step over the same cache.
+        0..len(caches)-1 of the slot arena (SlotArena.binding), row i being caches[i]'s. A None row is
+        parked: it writes a throwaway token at `parked_position`, a position no request reaches. Each
+        row attends over its own length (seqlens_k per row), so its logits are those of a batch-1 step
+        over the same cache.
         """
         spec = self.spec
         batch = len(caches)
@@ -373,7 +375,8 @@ class ModelSession:
         self.session.run_with_iobinding(binding)
         if head:
             hidden_rows = np.array(self._fetched(call, spec.greedy_head["input_name"], head_value)[:, 0])
-            approx = np.array(self._fetched(call, spec.greedy_head["approx_name"], approx_value)[:, 0, : self.vocab_limit])
+            approx_rows = self._fetched(call, spec.greedy_head["approx_name"], approx_value)
+            approx = np.array(approx_rows[:, 0, : self.vocab_limit])
             logits = head.logits(hidden_rows, approx)
         else:
             logits = np.array(self._fetched(call, spec.logits_name, logits_value)[:, 0, : self.vocab_limit])

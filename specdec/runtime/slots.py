@@ -45,7 +45,8 @@ class SlotArena:
         if not session.shared_kv:
             raise GenerationError("this artifact's target graph returns a new KV cache every call (concat: "
                                   "--no-shared-kv, or a family without a shared buffer); the batch engine needs "
-                                  "a shared-buffer graph: re-export without --no-shared-kv, or serve with --max-batch 1")
+                                  "a shared-buffer graph: re-export without --no-shared-kv, or serve with "
+                                  "--max-batch 1")
         if not session.batches:
             raise GenerationError("this artifact's target graph runs one sequence per call (exported before the "
                                   "batch engine): re-export it with `specdec export` to serve several requests "

@@ -23,6 +23,7 @@ from specdec.runtime.batch import BatchEngine
 from specdec.serve.admission import Admission, Draining, Overloaded, QueueTimeout
 from specdec.serve.config import ServeConfig
 from specdec.serve.generation import Generation
+from specdec.serve.guard import BodyTooLarge, RequestGuard, is_loopback
 from specdec.serve.metrics import ServerMetrics
 from specdec.serve import protocol
 from specdec.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
@@ -99,6 +100,12 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specdec = state
+    app.add_middleware(RequestGuard, keys=config.api_keys, public_metrics=config.public_metrics,
+                       check_host=is_loopback(config.host), max_body_bytes=config.max_body_bytes)
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(request: Request, err: BodyTooLarge) -> JSONResponse:
+        return JSONResponse(err.body, status_code=413)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError) -> JSONResponse:
@@ -143,6 +150,8 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
     async def chat_completions(request: Request) -> Response:
         body = _parse(ChatCompletionRequest, await _json_body(request))
         engine = _ready(state)
+        if len(body.messages) > protocol.MAX_MESSAGES:  # before templating and tokenising them all
+            raise APIError(400, f"at most {protocol.MAX_MESSAGES} messages per request", param="messages")
         messages = protocol.chat_messages(body)
         try:
             text = engine.codec.chat_prompt(messages)
@@ -193,6 +202,8 @@ async def _json_body(request: Request) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise APIError(400, f"request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise APIError(400, "request body is nested too deeply") from None
 
 
 def _parse(model: type[BaseModel], body: Any) -> Any:
@@ -225,6 +236,9 @@ def _generation_config(state: ServerState, body: Any, prompt_length: int, param:
         raise APIError(400, f"prompt of {prompt_length} tokens leaves no room in the model's "
                             f"{engine.max_positions} positions", param=param, code="context_length_exceeded")
     max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or config.max_tokens_default
+    if max_tokens > room:
+        raise APIError(400, f"{prompt_length} prompt tokens + max_tokens {max_tokens} exceed the model's "
+                            f"{engine.max_positions} positions", param="max_tokens", code="context_length_exceeded")
     if state.batch is not None:
         try:
             state.batch.check_fits(prompt_length, max_tokens)
@@ -233,6 +247,8 @@ def _generation_config(state: ServerState, body: Any, prompt_length: int, param:
     stops = body.stop_strings()
     if len(stops) > protocol.MAX_STOP_STRINGS:
         raise APIError(400, f"at most {protocol.MAX_STOP_STRINGS} stop strings", param="stop")
+    if any(len(stop) > protocol.MAX_STOP_LENGTH for stop in stops):  # each generated token scans every stop string
+        raise APIError(400, f"stop strings are at most {protocol.MAX_STOP_LENGTH} characters", param="stop")
     generation = GenerationConfig(
         max_new_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default

@@ -47,6 +47,11 @@ class ServeConfig:
     provider: str = "auto"
     num_draft_tokens: int | str | None = None  # server default K (None: the artifact's)
     drafter: str = "auto"  # server default drafter
+    # Bearer keys checked on every route but /health (and /metrics when public_metrics); empty: no key.
+    api_keys: tuple[str, ...] = ()
+    public_metrics: bool = False
+    host: str = "127.0.0.1"  # the address bound: on a loopback one, requests must name a loopback Host
+    max_body_bytes: int = 1 << 20  # larger POST bodies get 413
     stats_in_response: bool = False  # add per-request speculative stats ("specdec") to every response
     shutdown_grace: float = 30.0  # on SIGTERM, seconds running generations get to finish before cancel
 
@@ -58,6 +63,10 @@ class ServeConfig:
             raise SpecdecError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.kv_capacity < 16:
             raise SpecdecError(f"kv_capacity must be >= 16 positions, got {self.kv_capacity}")
+        if self.max_body_bytes < 1024:
+            raise SpecdecError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if any(not key or key != key.strip() for key in self.api_keys):
+            raise SpecdecError("an API key must be non-empty, without surrounding spaces")
         if self.max_queue < 0:
             raise SpecdecError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.request_timeout <= 0:

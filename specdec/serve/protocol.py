@@ -16,6 +16,8 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_STOP_LENGTH = 256  # characters per stop string
+MAX_MESSAGES = 512  # chat messages per request
 
 
 class APIError(Exception):
