@@ -52,7 +52,8 @@ def main() -> None:
               help="Run the optimization stage: onnxruntime's transformer fusions and the attention rewrites, "
                    "where they were measured to help the family.")
 @click.option("--shared-kv/--no-shared-kv", default=True, show_default=True,
-              help="Llama family: rewrite attention over one preallocated KV buffer per tensor "
+              help="Families whose attention allows it (all but gpt2, phi3, gemma2, gemma3; the manifest's "
+                   "kv_buffer says): rewrite attention over one preallocated KV buffer per tensor "
                    "(GroupQueryAttention; rollback is free). onnxruntime's CUDA GroupQueryAttention takes "
                    "fp16/bf16 only: for an fp32 artifact meant for a CUDA box, use --no-shared-kv.")
 @click.option("--exact-steps", is_flag=True,
@@ -75,7 +76,13 @@ def main() -> None:
 @one_line_errors
 def export(target, draft, output, dtype, weights, device, opset, trust_remote_code, force, atol, min_agreement,
            revision, optimize, shared_kv, exact_steps, greedy_head, long_call_attention) -> None:
-    """Export a draft and a target model into one validated artifact folder."""
+    """Export a draft and a target model into one validated artifact folder.
+
+    \b
+    Families (config model_type): gemma2, gemma3_text, gpt2, gpt_neox, granite, llama, mistral, olmo2,
+    phi, phi3, qwen2, qwen3, smollm3. Draft and target may be of different families when they share
+    a tokenizer.
+    """
     from specdec.exporter.pipeline import ExportConfig, run_export
 
     progress = elapsed_progress()

@@ -122,6 +122,20 @@ _ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "mistral": ArchitectureSpec(family="mistral", shared_kv_buffer=True, sliding_window_key="sliding_window"),
     "qwen2": ArchitectureSpec(family="qwen2", shared_kv_buffer=True, sliding_window_key="sliding_window"),
     "phi3": ArchitectureSpec(family="phi3"),
+    # The families below attend as llama does from the rotated Q/K on (per-head q/k norms, multipliers, layers
+    # without rotary, partial rotary and biases all come before), so the shared buffer takes them; each is
+    # checked against transformers' own generate past its window (tests/exporter/test_families.py).
+    "qwen3": ArchitectureSpec(family="qwen3", shared_kv_buffer=True, sliding_window_key="sliding_window"),
+    "olmo2": ArchitectureSpec(family="olmo2", shared_kv_buffer=True),
+    "granite": ArchitectureSpec(family="granite", shared_kv_buffer=True),
+    "smollm3": ArchitectureSpec(family="smollm3", shared_kv_buffer=True, sliding_window_key="sliding_window"),
+    "gpt_neox": ArchitectureSpec(family="gpt_neox", kv_heads_key=None, shared_kv_buffer=True),
+    "phi": ArchitectureSpec(family="phi", shared_kv_buffer=True),
+    # Concat graphs: gemma2 soft-caps its attention logits, which GroupQueryAttention's softmax would not;
+    # gemma3's rewritten graph failed validation (logits 0.72 off, with or without windows: its
+    # query_pre_attn_scalar scale is the suspect, not yet confirmed).
+    "gemma2": ArchitectureSpec(family="gemma2", sliding_window_key="sliding_window"),
+    "gemma3_text": ArchitectureSpec(family="gemma3_text", sliding_window_key="sliding_window"),
 }
 
 

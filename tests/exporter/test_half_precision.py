@@ -66,9 +66,12 @@ def _long_model(tmp_path, family: str, embedding_scale: float = 1.0):
         config = AutoConfig.for_model("gpt2", vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=4,
                                       n_positions=LONG, initializer_range=0.2)
     else:
-        config = AutoConfig.for_model(family, vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=LONG, initializer_range=0.2, pad_token_id=0)
+        from tests.exporter.test_families import FAMILIES
+
+        sizes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=LONG,
+                     initializer_range=0.2, pad_token_id=0)
+        config = AutoConfig.for_model(family, **{**sizes, **FAMILIES.get(family, {})})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
@@ -95,7 +98,9 @@ def test_every_family_is_checked_here():
 # (RotaryEmbedding over a cos cache, SimplifiedLayerNormalization), gpt2 has learned positions and
 # LayerNormalization; the others keep MatMul/Cos/Sin and Pow/ReduceMean as plain ops.
 FAMILIES_KEPT_FP32 = {"gpt2": (False, False), "llama": (False, False), "mistral": (True, True),
-                      "qwen2": (True, True), "phi3": (True, True)}
+                      "qwen2": (True, True), "phi3": (True, True), "qwen3": (True, True), "olmo2": (True, True),
+                      "granite": (True, True), "smollm3": (True, True), "gemma2": (True, True),
+                      "gemma3_text": (True, True), "gpt_neox": (True, False), "phi": (True, False)}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES_KEPT_FP32))
