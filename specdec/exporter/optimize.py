@@ -49,6 +49,7 @@ class OptimizationReport:
     sha256_after: str = ""
     note: str = ""  # why nothing was applied, if so
     kv_buffer: str = "concat"  # "shared": attention rewritten over one preallocated KV buffer per tensor
+    kv_buffer_reason: str | None = None  # why a family keeps the concat cache, where it is known
 
     def as_dict(self) -> dict[str, Any]:
         """Return the report as JSON-ready data (stored in the manifest)."""
@@ -104,6 +105,7 @@ def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, A
             fused["PackedMatMul"] = packed
             if rotary_inside:
                 fused.pop("RotaryEmbedding", None)  # the attention op rotates q and k itself now
+    reason = arch.concat_reason if not shared and shared_kv else None
     if regrouped:
         applied.append(f"grouped-query attention without repeat_kv copies ({regrouped} MatMuls, "
                        f"{heads} query / {kv_heads} KV heads)")
@@ -113,13 +115,14 @@ def optimize_graph(graph_path: Path, arch: ArchitectureSpec, config: dict[str, A
         if keep_trailing_rows_in_last_layer(model):
             applied.append("the last layer's o_proj, MLP and final norm on those rows only")
     if not applied:
-        return OptimizationReport(sha256_before=before, sha256_after=before,
+        return OptimizationReport(sha256_before=before, sha256_after=before, kv_buffer_reason=reason,
                                   note=f"nothing measured to help the {arch.family} family applies; plain graph kept")
     temporary = graph_path.with_suffix(".optimized.onnx")
     onnx.save(model, str(temporary))
     os.replace(temporary, graph_path)
     return OptimizationReport(applied=applied, fused_operators=fused, sha256_before=before,
-                              sha256_after=sha256_of_file(graph_path), kv_buffer=kv_buffer)
+                              sha256_after=sha256_of_file(graph_path), kv_buffer=kv_buffer,
+                              kv_buffer_reason=reason)
 
 
 def _ort_fusions(graph_path: Path, arch: ArchitectureSpec, heads: int, hidden: int) -> tuple[onnx.ModelProto, dict[str, int]]:

@@ -43,6 +43,8 @@ class ArchitectureSpec:
     # buffer per tensor (specdec/exporter/shared_kv.py). Only for families whose attention is causal
     # softmax attention, full or over a sliding window (no alibi, no softcapping).
     shared_kv_buffer: bool = False
+    # Why a family keeps the concat KV cache (shared_kv_buffer False), said in the manifest's optimization record.
+    concat_reason: str | None = None
     # Config key of the sliding attention window (None: the family always attends to the whole past).
     sliding_window_key: str | None = None
 
@@ -114,6 +116,7 @@ _ARCHITECTURES: dict[str, ArchitectureSpec] = {
         hidden_key="n_embd",
         positions_key="n_positions",
         head_dim_key=None,
+        concat_reason="learned positions in a graph the shared-buffer rewrite was not written for",
     ),
     "llama": _LLAMA_LIKE,
     # Same attention as llama, over a sliding window where the config sets one; the shared
@@ -121,7 +124,7 @@ _ARCHITECTURES: dict[str, ArchitectureSpec] = {
     # its speed measured on llama only. No onnxruntime fusions until measured for them.
     "mistral": ArchitectureSpec(family="mistral", shared_kv_buffer=True, sliding_window_key="sliding_window"),
     "qwen2": ArchitectureSpec(family="qwen2", shared_kv_buffer=True, sliding_window_key="sliding_window"),
-    "phi3": ArchitectureSpec(family="phi3"),
+    "phi3": ArchitectureSpec(family="phi3", concat_reason="not measured with the shared buffer yet"),
     # The families below attend as llama does from the rotated Q/K on (per-head q/k norms, multipliers, layers
     # without rotary, partial rotary and biases all come before), so the shared buffer takes them; each is
     # checked against transformers' own generate past its window (tests/exporter/test_families.py).
@@ -134,8 +137,11 @@ _ARCHITECTURES: dict[str, ArchitectureSpec] = {
     # Concat graphs: gemma2 soft-caps its attention logits, which GroupQueryAttention's softmax would not;
     # gemma3's rewritten graph failed validation (logits 0.72 off, with or without windows: its
     # query_pre_attn_scalar scale is the suspect, not yet confirmed).
-    "gemma2": ArchitectureSpec(family="gemma2", sliding_window_key="sliding_window"),
-    "gemma3_text": ArchitectureSpec(family="gemma3_text", sliding_window_key="sliding_window"),
+    "gemma2": ArchitectureSpec(family="gemma2", sliding_window_key="sliding_window",
+                               concat_reason="its attention logits are soft-capped, which GroupQueryAttention's "
+                                             "softmax does not do"),
+    "gemma3_text": ArchitectureSpec(family="gemma3_text", sliding_window_key="sliding_window",
+                                    concat_reason="the shared-buffer rewrite does not validate on it yet"),
 }
 
 
