@@ -211,7 +211,8 @@ class Engine:
 
         Returns call_costs_source: "tune", "cache" or "timed".
         """
-        self._calibrate_call_costs(self.prompt_ids("Hello", chat=True), max_draft_tokens + 1)
+        # A chat prompt where the artifact has a template: what requests look like; else a plain one.
+        self._calibrate_call_costs(self.prompt_ids("Hello", chat=self.codec.has_chat_template), max_draft_tokens + 1)
         return self.call_costs_source
 
     def _calibrate_call_costs(self, context: list[int], max_tokens: int) -> None:

@@ -33,6 +33,11 @@ class TextCodec:
         """Return the text of `token_ids`, special tokens left out."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Return whether the tokenizer carries a chat template (else only plain prompts can be encoded)."""
+        return self._template is not None
+
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         """Return the prompt text for chat `messages`, ending where the assistant's reply starts."""
         if self._template is None:

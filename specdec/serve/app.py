@@ -150,6 +150,9 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
     async def chat_completions(request: Request) -> Response:
         body = _parse(ChatCompletionRequest, await _json_body(request))
         engine = _ready(state)
+        if not engine.codec.has_chat_template:
+            raise APIError(400, "this model's tokenizer has no chat template: send plain prompts to /v1/completions",
+                           param="messages", code="no_chat_template")
         if len(body.messages) > protocol.MAX_MESSAGES:  # before templating and tokenising them all
             raise APIError(400, f"at most {protocol.MAX_MESSAGES} messages per request", param="messages")
         messages = protocol.chat_messages(body)

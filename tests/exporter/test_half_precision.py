@@ -135,10 +135,16 @@ UNFUSED = sorted(family for family, kept in FAMILIES_KEPT_FP32.items() if any(ke
 
 
 def test_the_unguarded_families_are_the_unfused_ones():
-    assert UNFUSED == ["mistral", "phi3", "qwen2"]
+    assert UNFUSED == ["gemma2", "gemma3_text", "gpt_neox", "granite", "mistral", "olmo2", "phi", "phi3", "qwen2",
+                       "qwen3", "smollm3"]
 
 
-@pytest.mark.parametrize("family", UNFUSED)
+# The families the drift was measured on; on the newer ones' tiny models an unguarded conversion also fails
+# the check, but by less past 2048 (qwen3: 0.12 before, 0.03 after), so the size asserted below is theirs.
+DRIFT_MEASURED = ["mistral", "phi3", "qwen2"]
+
+
+@pytest.mark.parametrize("family", DRIFT_MEASURED)
 def test_an_unguarded_conversion_fails_the_long_position_check(tmp_path, family):
     """The same fp32 graph converted both ways: rotary angles in fp16 drift by ~1 logit."""
     from specdec.exporter.fp32_islands import fp16_sensitive_nodes

@@ -67,3 +67,30 @@ def test_key_and_host_parsing():
     assert not key_matches(None, ("abc",)) and not key_matches("Basic abc", ("abc",))
     assert host_name("[::1]:8000") == "::1" and host_name("localhost:80") == "localhost"
     assert host_name("127.0.0.1") == "127.0.0.1"
+
+
+def test_an_artifact_without_a_chat_template_serves_completions(serve_artifact, tmp_path):
+    import shutil
+
+    from specdec.runtime import Engine, GenerationConfig
+    from specdec.serve import ServeConfig
+    from specdec.serve.app import create_app
+    from tests.serve.conftest import LiveServer
+
+    plain = tmp_path / "plain"
+    shutil.copytree(serve_artifact, plain)
+    manifest = json.loads((plain / "specdec.json").read_text())
+    manifest["tokenizer"]["chat_template"] = None
+    (plain / "specdec.json").write_text(json.dumps(manifest))
+    config = ServeConfig(artifact=str(plain), model_name=MODEL, max_batch=2)
+    server = LiveServer(create_app(config, load_in_background=False)).start()  # loads and times like the CLI
+    try:
+        reply = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "Hello", "max_tokens": 6,
+                                                                  "temperature": 0}, timeout=60)
+        assert reply.status_code == 200
+        expected = Engine.load(plain, provider="cpu").generate("Hello", GenerationConfig(max_new_tokens=6)).text
+        assert reply.json()["choices"][0]["text"] == expected
+        chat = httpx.post(server.url + "/v1/chat/completions", json=CHAT, timeout=60)
+        assert chat.status_code == 400 and "/v1/completions" in chat.json()["error"]["message"]
+    finally:
+        server.stop()
