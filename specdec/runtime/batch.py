@@ -105,6 +105,11 @@ class BatchEngine:
         return self.arena.slots
 
     @property
+    def alive(self) -> bool:
+        """Return whether the scheduler thread runs (False after shutdown, or if it died)."""
+        return self._thread.is_alive()
+
+    @property
     def num_running(self) -> int:
         """Return the requests holding a slot now."""
         return len(self._running)

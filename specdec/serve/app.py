@@ -66,6 +66,13 @@ class ServerState:
                  self.batch.arena.capacity, self.batch.arena.nbytes / 2 ** 20,
                  ", ".join(f"{rows}: {seconds * 1e3:.1f}" for rows, seconds in times.items()))
 
+    def raise_if_unhealthy(self) -> None:
+        """Raise RuntimeError when this server cannot serve: its engine failed to load or its scheduler died."""
+        if self.load_error:
+            raise RuntimeError(self.load_error)
+        if self.batch is not None and not self.batch.alive:
+            raise RuntimeError("the batch engine's scheduler thread has stopped")
+
     @property
     def generator(self) -> Engine | BatchEngine | None:
         """Return what runs a request's generation: the batch engine, else the engine itself."""
@@ -129,9 +136,11 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
     async def health() -> Response:
         if state.engine is None:
             detail = state.load_error or "loading"
-            return JSONResponse({"status": detail}, status_code=503)
+            return JSONResponse({"status": detail}, status_code=503, headers={"Retry-After": "1"})
         if state.admission.draining:
-            return JSONResponse({"status": "draining"}, status_code=503)
+            return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": "1"})
+        if state.batch is not None and not state.batch.alive:
+            return JSONResponse({"status": "batch scheduler stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

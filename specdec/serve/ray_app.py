@@ -110,6 +110,7 @@ def build_app(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0,
         max_queued_requests=max(1, config.max_queue),
         max_constructor_retry_count=2,  # a replica that cannot load its engine fails the deploy fast
         health_check_period_s=5,
+        graceful_shutdown_timeout_s=config.shutdown_grace,  # running streams finish, as in one process
     )
     @serve.ingress()
     class SpecdecReplica:
@@ -119,7 +120,15 @@ def build_app(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0,
 
         def __serve_build_asgi_app__(self):
             # built in the replica, which loads its engine before taking traffic
-            return create_app(self.config, load_in_background=False)
+            self.app = create_app(self.config, load_in_background=False)
+            return self.app
+
+        def check_health(self) -> None:
+            """Raise (Ray restarts the replica) when the engine failed or the batch scheduler died."""
+            state = getattr(getattr(self, "app", None), "state", None)
+            state = getattr(state, "specdec", None)
+            if state is not None:
+                state.raise_if_unhealthy()
 
     return SpecdecReplica.bind(config)
 

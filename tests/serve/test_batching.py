@@ -52,3 +52,16 @@ def test_a_request_that_cannot_fit_a_kv_slot_gets_a_400_naming_the_capacity(serv
         assert reply.status_code == 400
         assert "KV slot of 64 positions" in reply.json()["error"]["message"]
         assert reply.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_health_fails_once_the_batch_scheduler_has_stopped(serve_engine, serve_artifact):
+    """What Ray's check_health and a load balancer's probe see: ok, then 503 and an exception naming why."""
+    import pytest
+
+    with live_server(serve_engine, serve_artifact, max_batch=2, kv_capacity=128) as server:
+        assert httpx.get(server.url + "/health").status_code == 200
+        server.state.raise_if_unhealthy()
+        server.state.batch.shutdown()
+        assert httpx.get(server.url + "/health").status_code == 503
+        with pytest.raises(RuntimeError, match="scheduler"):
+            server.state.raise_if_unhealthy()
