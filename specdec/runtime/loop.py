@@ -111,6 +111,11 @@ class DecodeState:
     iteration: Iteration | None = None  # the last one committed
     draft_seconds: float = 0.0  # drafting since the last target call
 
+    def __post_init__(self):
+        if self.drafter is not None and self.policy is None:
+            # K comes from the policy: without one the drafter would sit unused and the request decode plainly.
+            raise GenerationError(f"the {self.drafter.name} drafter needs a draft-length policy (a fixed K or auto)")
+
     @property
     def drafting(self) -> bool:
         """Return whether a drafter proposes (it has a policy, and the request has not ended at its prefill)."""

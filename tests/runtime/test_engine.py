@@ -146,3 +146,18 @@ def test_model_drafter_needs_a_draft(tiny_target_only_artifact):
     with pytest.raises(GenerationError, match="no draft model"):
         engine.stream("hi", GenerationConfig(drafter="model"))  # refused before anything runs
     assert engine.generate("hi", GenerationConfig(max_new_tokens=5)).stats.drafter == "ngram"
+
+
+def test_a_drafter_without_a_draft_length_policy_is_refused(tiny_target_only_artifact):
+    """The loop never decodes plainly in silence because a drafter came without its K policy."""
+    import numpy as np
+
+    from specdec.models.errors import GenerationError
+    from specdec.runtime.drafters import NgramDrafter
+    from specdec.runtime.loop import DecodeRequest, decode
+    from specdec.runtime.sampling import SamplingConfig
+
+    engine = Engine.load(tiny_target_only_artifact, provider="cpu")
+    request = DecodeRequest([1, 2, 3], 4, SamplingConfig(), frozenset(), engine.max_positions)
+    with pytest.raises(GenerationError, match="needs a draft-length policy"):
+        next(decode(engine.target, engine.target.new_cache(), request, np.random.default_rng(0), NgramDrafter()))
