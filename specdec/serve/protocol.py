@@ -72,6 +72,7 @@ class _Common(BaseModel):
     num_draft_tokens: Union[StrictInt, Literal["auto"], None] = None  # K
     drafter: Literal["auto", "model", "ngram", "none"] | None = None
     specdec_stats: StrictBool | None = None  # include this request's speculative stats
+    specdec_tokens: StrictBool | None = None  # stream each token's text and how it came (the page at /)
     # OpenAI fields specdec refuses unless they hold their neutral value (see unsupported())
     n: StrictInt | None = None
     best_of: StrictInt | None = None
@@ -197,3 +198,12 @@ def chunk(chat: bool, id: str, created: int, model: str, text: str | None = None
     if usage_ is not None:
         body["usage"] = usage_
     return {**body, **(extra or {})}
+
+
+def token_kinds(drafted: int, num_accepted: int, committed: int, is_bonus: bool, rejected: bool) -> list[str]:
+    """Return how each committed token of one iteration came: "accepted" (a draft that passed), then the last
+    one "bonus" (row K+1 after every draft passed), "recovered" (drawn after a rejection) or "plain" (no draft)."""
+    kinds = ["accepted"] * min(num_accepted, committed)
+    if committed > len(kinds):
+        kinds.append("bonus" if drafted and is_bonus else "recovered" if drafted and rejected else "plain")
+    return kinds
