@@ -52,7 +52,6 @@ class _Request:
     cancelled: threading.Event = field(default_factory=threading.Event)
     cache: SlotCache | None = None
     counters: _Counters = field(default_factory=_Counters)
-    submitted: float = field(default_factory=time.perf_counter)
 
 
 def _candidate(opened: OpenRequest, situation: str | None, k: int) -> DraftCandidate:
@@ -175,7 +174,7 @@ class BatchEngine:
         needed = prompt_tokens + max_new_tokens + GenerationConfig.max_draft_tokens_auto + 1
         if min(needed, self.engine.max_positions) > self.arena.parked_position:
             raise GenerationError(f"{prompt_tokens} prompt tokens + max_tokens {max_new_tokens} do not fit a KV slot "
-                                  f"of {self.arena.capacity} positions (this server's --kv-capacity)")
+                                  f"of {self.arena.capacity} positions (kv_capacity; specdec serve --kv-capacity)")
 
     def shutdown(self) -> None:
         """Stop the scheduler after its current step; requests still running end where they are."""

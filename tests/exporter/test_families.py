@@ -49,14 +49,17 @@ def build_family_model(folder, model_type: str, seed: int = 0):
 
 
 def torch_greedy(model, ids: list[int], new_tokens: int) -> list[int]:
-    """Return `new_tokens` argmax tokens of the PyTorch model after `ids`, full forward each step, EOS not special."""
+    """Return transformers' own greedy `generate` of `new_tokens` tokens after `ids`, EOS not special."""
+    import copy
+
     import torch
 
-    tokens = list(ids)
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = None  # a random model may emit EOS: go on, as the engine does without EOS ids
     with torch.no_grad():
-        for _ in range(new_tokens):
-            tokens.append(int(model(torch.tensor([tokens])).logits[0, -1].argmax()))
-    return tokens[len(ids):]
+        out = model.generate(torch.tensor([ids]), generation_config=config, max_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=0)
+    return out[0, len(ids):].tolist()
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
