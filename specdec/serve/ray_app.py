@@ -120,12 +120,12 @@ def build_app(config: ServeConfig, replicas: int, cpus_per_replica: float = 1.0,
 
         def __serve_build_asgi_app__(self):
             # built in the replica, which loads its engine before taking traffic
-            self.app = create_app(self.config, load_in_background=False)
-            return self.app
+            self._specdec_app = create_app(self.config, load_in_background=False)  # Ray's ingress owns `app`
+            return self._specdec_app
 
         def check_health(self) -> None:
             """Raise (Ray restarts the replica) when the engine failed or the batch scheduler died."""
-            state = getattr(getattr(self, "app", None), "state", None)
+            state = getattr(getattr(self, "_specdec_app", None), "state", None)
             state = getattr(state, "specdec", None)
             if state is not None:
                 state.raise_if_unhealthy()
