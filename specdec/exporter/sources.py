@@ -113,8 +113,7 @@ def load_source(source: str, workdir: Path, trust_remote_code: bool = False,
             config = AutoConfig.from_pretrained(gguf.parent, **kwargs)
             architecture_for(config.model_type)  # refuse before the slow dequantization
             # Handing the config on spares two more parses of the file's metadata (~5 s each on SmolLM2).
-            # legacy=True: the behaviour transformers picks by default, chosen here so that it need not say so.
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, config=config, legacy=True, **kwargs)
+            tokenizer = gguf_tokenizer(gguf, config)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, config=config, dtype="float32", **kwargs)
             export_path = str(workdir / "hf")
             model.save_pretrained(export_path)
@@ -153,3 +152,11 @@ def load_source(source: str, workdir: Path, trust_remote_code: bool = False,
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return text[0] if text else type(err).__name__
+
+
+def gguf_tokenizer(gguf: Path, config):
+    """Return the tokenizer of a GGUF file (transformers'), given its already parsed config."""
+    from transformers import AutoTokenizer
+
+    # legacy=True: the behaviour transformers picks by default, chosen here so that it need not say so.
+    return AutoTokenizer.from_pretrained(gguf.parent, config=config, gguf_file=gguf.name, legacy=True)
