@@ -26,6 +26,11 @@ from specdec.models.errors import MissingDependencyError, SpecdecError
                    "thread, --max-concurrency of them.")
 @click.option("--kv-capacity", type=click.IntRange(min=16), default=1024, show_default=True,
               help="Positions per KV slot (prompt + max_tokens must fit); the memory taken is logged at start.")
+@click.option("--prefix-cache", is_flag=True,
+              help="With --max-batch > 1: a prompt that starts as a finished request's context did (chat history, "
+                   "a system prompt) reuses that slot's KV and skips prefilling it. Greedy output then equals "
+                   "target-only output up to near-ties (the reused positions were computed in calls of another "
+                   "shape).")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --max-batch 1: generations running at once; engine threads default to cores / this.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
@@ -65,8 +70,8 @@ from specdec.models.errors import MissingDependencyError, SpecdecError
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @one_line_errors
-def serve(artifact, host, port, model_name, max_batch, kv_capacity, max_concurrency, max_queue, request_timeout,
-          max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys, api_key_file, public_metrics,
+def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache, max_concurrency, max_queue,
+          request_timeout, max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys, api_key_file, public_metrics,
           allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, use_ray, replicas, replica_cpus,
           replica_gpus, ray_address, log_level) -> None:
     """Serve ARTIFACT over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions), /health, /metrics."""
@@ -80,6 +85,7 @@ def serve(artifact, host, port, model_name, max_batch, kv_capacity, max_concurre
                            "(--api-key, --api-key-file or SPECDEC_API_KEY), or pass --allow-no-key")
 
     config = ServeConfig(artifact=artifact, model_name=model_name, max_batch=max_batch, kv_capacity=kv_capacity,
+                         prefix_cache=prefix_cache,
                          max_concurrency=max_concurrency,
                          max_queue=max_queue, request_timeout=request_timeout,
                          max_tokens_default=max_tokens_default, threads=threads, provider=provider,

@@ -83,7 +83,7 @@ class BatchEngine:
     """An Engine's target run for many requests at once, in `max_batch` KV slots of `kv_capacity` positions."""
 
     def __init__(self, engine: Engine, max_batch: int = DEFAULT_MAX_BATCH, kv_capacity: int = DEFAULT_KV_CAPACITY,
-                 on_step: Callable[[int], None] | None = None):
+                 on_step: Callable[[int], None] | None = None, prefix_cache: bool = False):
         if max_batch < 1:
             raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
         self.engine = engine
@@ -91,6 +91,11 @@ class BatchEngine:
         self.batch_costs = BatchCallCosts()
         self.verify_costs = BatchCallCosts()  # a speculating request's drafting + batch-1 verify call, by tokens
         self.on_step = on_step  # called with the rows of every batched call (a metrics histogram)
+        # Reuse the KV a finished request left in its slot for a prompt that starts the same way (a chat's
+        # history, a shared system prompt). Off by default: the reused positions were computed in calls of
+        # another shape, so a logit may round differently at the last bit and flip a near-tie argmax.
+        self.prefix_cache = prefix_cache
+        self.prefix_tokens_reused = 0
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._wake = threading.Condition()
@@ -212,7 +217,9 @@ class BatchEngine:
                     if request.cancelled.is_set():
                         request.out.put(_END)
                         continue
-                    request.cache = self.arena.take()
+                    prompt = request.opened.state.request.prompt_ids
+                    request.cache = self.arena.take(prompt if self.prefix_cache else None)
+                    self.prefix_tokens_reused += request.cache.length
                     admitted.append(request)
             for request in admitted:
                 self._guarded(request, self._admit)

@@ -133,14 +133,20 @@ class DecodeState:
 
 
 def prefill(target: ModelSession, cache: KVCache, state: DecodeState) -> Iteration:
-    """Run the prompt through the target (cache empty) and the drafter; return the first token's Iteration."""
+    """Run the prompt through the target and the drafter; return the first token's Iteration.
+
+    The cache is empty, or holds a prefix of the prompt already (a batch slot's prefix cache): only the
+    rest is fed.
+    """
     request = state.request
     request.check()
+    if cache.token_ids != request.prompt_ids[:cache.length] or cache.length >= len(request.prompt_ids):
+        raise ValueError("the cache must be empty or hold a strict prefix of the prompt")
     start = time.perf_counter()
     # Greedy calls may read the target's 8-bit LM head instead of its fp32 one (specdec/runtime/greedy_head.py):
     # the same argmax, fewer bytes.
-    logits, state.states = _rows(target.forward(cache, request.prompt_ids, logits_rows=1, hidden=state.hidden,
-                                                greedy=request.sampling.greedy), state.hidden)
+    logits, state.states = _rows(target.forward(cache, request.prompt_ids[cache.length:], logits_rows=1,
+                                                hidden=state.hidden, greedy=request.sampling.greedy), state.hidden)
     state.context = list(request.prompt_ids) + [next_token(logits[-1], request.sampling, state.rng)]
     state.generated = 1
     state.iteration = _finish(Iteration([], 0, state.context[-1:], False, None, prefill=True,

@@ -26,6 +26,7 @@ class SlotCache(KVCache):
     """A request's cache inside the arena: its row's views, which never grow (no copy out of the arena)."""
 
     slot: int = -1
+    kept_ids: tuple[int, ...] = ()  # the last request's tokens, whose KV stays valid in the row while it is free
 
     def reserve(self, positions: int) -> None:
         """Raise GenerationError when `positions` do not fit the slot (the arena's capacity is fixed)."""
@@ -34,7 +35,9 @@ class SlotCache(KVCache):
                                   "start the engine with a larger KV capacity")
 
     def release(self) -> None:
-        """Forget the tokens; the views stay, for the slot's next request."""
+        """Forget the tokens (keeping them as `kept_ids`); the views stay, for the slot's next request."""
+        if self.token_ids:
+            self.kept_ids = tuple(self.token_ids)
         self.token_ids = []
 
 
@@ -88,14 +91,36 @@ class SlotArena:
             free = set(self._free)
         return sum(c.length for s, c in enumerate(self._caches) if s not in free)
 
-    def take(self) -> SlotCache | None:
-        """Return the lowest free slot's empty cache, or None when every slot is held."""
+    def take(self, prompt_ids: list[int] | None = None, min_prefix: int = 16) -> SlotCache | None:
+        """Return a free slot's cache, or None when every slot is held.
+
+        Without `prompt_ids` (or no free slot sharing `min_prefix` tokens with it), the lowest free slot,
+        empty. With them, the free slot whose last request shares the longest prefix with the prompt: its
+        cache then already holds that prefix (all of the prompt but its last token at most), which the
+        prefill skips.
+        """
         with self._lock:
             if not self._free:
                 return None
-            cache = self._caches[heapq.heappop(self._free)]
-        cache.token_ids = []
+            best, shared = self._free[0], 0
+            if prompt_ids:
+                for slot in self._free:
+                    common = _common_prefix(self._caches[slot].kept_ids, prompt_ids)
+                    if common > shared:
+                        best, shared = slot, common
+            if shared < min_prefix:
+                best, shared = self._free[0], 0
+            self._free.remove(best)
+            heapq.heapify(self._free)
+        cache = self._caches[best]
+        cache.token_ids = list(prompt_ids[:min(shared, len(prompt_ids) - 1)]) if shared else []
         return cache
+
+    def forget(self) -> None:
+        """Drop every free slot's kept prefix (their rows stay allocated)."""
+        with self._lock:
+            for slot in self._free:
+                self._caches[slot].kept_ids = ()
 
     def give(self, cache: SlotCache) -> None:
         """Take back a slot whose request has ended."""
@@ -113,3 +138,13 @@ class SlotArena:
             tensors = [ort.OrtValue.ortvalue_from_numpy(b[:rows]) for b in self.buffers]
             call.bind_cache(session._past_names, session._present_names, tensors)
         return call
+
+
+def _common_prefix(kept: tuple[int, ...], prompt: list[int]) -> int:
+    """Return how many leading tokens `kept` and `prompt` share."""
+    n = 0
+    for a, b in zip(kept, prompt):
+        if a != b:
+            break
+        n += 1
+    return n

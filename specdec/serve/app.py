@@ -65,7 +65,7 @@ class ServerState:
         if self.config.max_batch <= 1:
             return
         self.batch = BatchEngine(engine, self.config.max_batch, self.config.kv_capacity,
-                                 on_step=self.metrics.observe_batch)
+                                 on_step=self.metrics.observe_batch, prefix_cache=self.config.prefix_cache)
         times = self.batch.time_batch_calls()
         log.info("batch engine: %d KV slots x %d positions, %.0f MB; batched call ms by rows: %s", self.batch.max_batch,
                  self.batch.arena.capacity, self.batch.arena.nbytes / 2 ** 20,

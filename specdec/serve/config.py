@@ -38,6 +38,7 @@ class ServeConfig:
     # kv_capacity positions; 1: each generation runs alone on its own thread (max_concurrency of them).
     max_batch: int = 1
     kv_capacity: int = 1024
+    prefix_cache: bool = False  # batch engine: reuse a finished request's KV for a prompt that starts alike
     max_queue: int = 16  # requests waiting for a slot; one more gets 429 + Retry-After
     request_timeout: float = 300.0  # seconds from arrival (queue included) until a request is cut off
     max_tokens_default: int = 256  # max_tokens when the request sets none

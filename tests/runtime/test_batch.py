@@ -184,3 +184,28 @@ def test_only_a_k_the_request_set_itself_is_kept_under_load(engine):
     for k, adjustable in [("auto", True), (None, True), (3, False)]:
         opened = engine.open_request([1, 2, 3], GenerationConfig(drafter="ngram", num_draft_tokens=k))
         assert _candidate(opened, "any", 2).adjustable is adjustable, k
+
+
+def test_the_prefix_cache_skips_what_a_finished_request_left_in_its_slot(engine, monkeypatch):
+    """The same prompt again: its prefill feeds one token, on the slot the first run left; a prompt that
+    shares nothing takes a fresh slot; the text stays the target-only one here (tiny model, no near-tie)."""
+    prompt = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four")
+    config = GenerationConfig(max_new_tokens=12, drafter="none")
+    reference = engine.generate(prompt, config).token_ids
+    fed = []
+    forward = engine.target.forward
+    monkeypatch.setattr(engine.target, "forward",
+                        lambda cache, ids, **options: fed.append(len(ids)) or forward(cache, ids, **options))
+    batch = BatchEngine(engine, max_batch=2, kv_capacity=128, prefix_cache=True)
+    try:
+        assert batch.generate(prompt, config).token_ids == reference
+        assert fed[0] == len(prompt) and batch.prefix_tokens_reused == 0
+        fed.clear()
+        assert batch.generate(prompt, config).token_ids == reference
+        assert fed[0] == 1 and batch.prefix_tokens_reused == len(prompt) - 1
+        other = engine.prompt_ids("zz top")
+        fed.clear()
+        batch.generate(other, config)
+        assert fed[0] == len(other)
+    finally:
+        batch.shutdown()
