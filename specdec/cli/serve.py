@@ -71,9 +71,9 @@ from specdec.models.errors import MissingDependencyError, SpecdecError
               show_default=True)
 @one_line_errors
 def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache, max_concurrency, max_queue,
-          request_timeout, max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys, api_key_file, public_metrics,
-          allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, use_ray, replicas, replica_cpus,
-          replica_gpus, ray_address, log_level) -> None:
+          request_timeout, max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys, api_key_file,
+          public_metrics, allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, use_ray, replicas,
+          replica_cpus, replica_gpus, ray_address, log_level) -> None:
     """Serve ARTIFACT over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions), /health, /metrics."""
     from specdec.models.manifest import load_manifest
     from specdec.serve.config import ServeConfig
