@@ -75,7 +75,8 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], dict[str, s
     env = dict(os.environ)
     specdec = [str(ROOT / ".venv/bin/specdec"), "serve", args.artifact, "--host", "127.0.0.1", "--port",
                str(free_port()), "--max-batch", str(args.max_batch), "--threads", str(args.threads),
-               "--max-queue", "64", "--log-level", "warning", "--model-name", MODEL]
+               "--max-queue", "64", "--log-level", "warning", "--model-name", MODEL] + (
+                   ["--prefix-cache"] if args.prefix_cache else [])
     servers = {"specdec": (specdec, env)}
     if args.llama_server:
         servers["llama-server"] = ([args.llama_server, "-m", args.gguf, "-np", str(args.max_batch), "-t",
@@ -99,6 +100,8 @@ def main() -> int:
     parser.add_argument("--vllm-python", help="python of the vLLM CPU venv (none: not run)")
     parser.add_argument("--hf-folder", help="fp32 Hugging Face folder for vLLM")
     parser.add_argument("--threads", type=int, default=2, help="threads for every server")
+    parser.add_argument("--prefix-cache", action="store_true",
+                        help="specdec with --prefix-cache (the anchors cache prompts by default)")
     parser.add_argument("--max-batch", type=int, default=8, help="specdec --max-batch and llama-server -np")
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--drafters", default="none,ngram", help="specdec's decodings (the anchors run their own)")

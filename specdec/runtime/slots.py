@@ -27,6 +27,7 @@ class SlotCache(KVCache):
 
     slot: int = -1
     kept_ids: tuple[int, ...] = ()  # the last request's tokens, whose KV stays valid in the row while it is free
+    released: int = 0  # when it was last given back (the arena's count of releases)
 
     def reserve(self, positions: int) -> None:
         """Raise GenerationError when `positions` do not fit the slot (the arena's capacity is fixed)."""
@@ -72,6 +73,7 @@ class SlotArena:
             cache.slot = slot
         self._prefix_bindings: dict[tuple[int, bool], CallBinding] = {}
         self._free = list(range(slots))
+        self._releases = 0
         self._lock = threading.Lock()
 
     @property
@@ -109,23 +111,23 @@ class SlotArena:
                     if common > shared:
                         best, shared = slot, common
             if shared < min_prefix:
-                best, shared = self._free[0], 0
+                shared = 0
+                # Keep the cached prefixes most likely to be asked for again: an empty slot, else the one
+                # given back longest ago. Without a prompt, the lowest slot (the batched calls' rows stay few).
+                best = min(self._free, key=lambda s: (bool(self._caches[s].kept_ids), self._caches[s].released)) \
+                    if prompt_ids else self._free[0]
             self._free.remove(best)
             heapq.heapify(self._free)
         cache = self._caches[best]
         cache.token_ids = list(prompt_ids[:min(shared, len(prompt_ids) - 1)]) if shared else []
         return cache
 
-    def forget(self) -> None:
-        """Drop every free slot's kept prefix (their rows stay allocated)."""
-        with self._lock:
-            for slot in self._free:
-                self._caches[slot].kept_ids = ()
-
     def give(self, cache: SlotCache) -> None:
         """Take back a slot whose request has ended."""
         cache.release()
         with self._lock:
+            self._releases += 1
+            cache.released = self._releases
             heapq.heappush(self._free, cache.slot)
 
     def binding(self, rows: int, greedy_head: bool) -> CallBinding:

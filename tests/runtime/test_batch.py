@@ -207,5 +207,7 @@ def test_the_prefix_cache_skips_what_a_finished_request_left_in_its_slot(engine,
         fed.clear()
         batch.generate(other, config)
         assert fed[0] == len(other)
+        fed.clear()  # the other prompt took the empty slot: the first prompt's prefix is still there
+        assert batch.generate(prompt, config).token_ids == reference and fed[0] == 1
     finally:
         batch.shutdown()
