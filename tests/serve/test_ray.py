@@ -151,6 +151,8 @@ def test_ray_serve_two_replicas_on_loopback_answer_the_openai_client_and_stop(se
 
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list()] == [MODEL]
+        page = httpx.get(url + "/", timeout=30)  # the playground through Ray's proxy too
+        assert page.status_code == 200 and "/static/app.js" in page.text
         expected = {p: serve_engine.generate(p, GenerationConfig(max_new_tokens=24)).text for p in PROMPTS}
 
         def complete(prompt: str):
