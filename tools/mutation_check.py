@@ -133,7 +133,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "slice(kept.start - head_start, kept.stop - head_start))", "kept)",
            (GREEDY_HEAD + "::test_a_hidden_prefill_runs_the_lm_head_on_the_kept_rows_only",)),
     Mutant("tapped graph: the LM head's row start left at the first kept row", "specdec/runtime/session.py",
-           "binding.bind_cpu_input(spec.head_row_start_name, np.array([head_start], np.int64))",
+           "binding.bind_cpu_input(spec.head_row_start_name, np.array([plan.head_start], np.int64))",
            "binding.bind_cpu_input(spec.head_row_start_name, np.array([0], np.int64))",
            (DISTILL + "::test_a_hidden_call_computes_only_the_logits_rows_asked_for",)),
     Mutant("attention pad: its position not reserved in the KV buffer", "specdec/runtime/session.py",

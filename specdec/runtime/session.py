@@ -127,6 +127,20 @@ def plan_rows(spec: GraphSpec, past: int, n_new: int, rows: int, hidden: bool) -
     return RowPlan(pad, n_fed, out_rows, head_start, kept, slice(kept.start - head_start, kept.stop - head_start))
 
 
+def _bind_head_rows(binding: ort.IOBinding, spec: GraphSpec, plan: RowPlan, greedy_head: bool) -> None:
+    """Bind the inputs that say which rows the graph keeps and which LM head reads them from where."""
+    if spec.logits_rows_name:
+        binding.bind_cpu_input(spec.logits_rows_name, np.array([plan.out_rows], dtype=np.int64))
+    if spec.greedy_head:
+        # Each LM head reads the kept rows from its index on: one of the two runs.
+        binding.bind_cpu_input(spec.greedy_head["row_start_name"],
+                               np.array([_NO_ROWS if greedy_head else plan.head_start], np.int64))
+        binding.bind_cpu_input(spec.greedy_head["approx_row_start_name"],
+                               np.array([plan.head_start if greedy_head else _NO_ROWS], np.int64))
+    elif spec.head_row_start_name:
+        binding.bind_cpu_input(spec.head_row_start_name, np.array([plan.head_start], np.int64))
+
+
 class ModelSession:
     """A loaded graph, shared by all requests; each request brings its own KVCache.
 
@@ -285,16 +299,7 @@ class ModelSession:
         if spec.position_ids_name:
             positions = np.arange(past, past + n_fed, dtype=np.int64)[None, :]
             cache.inputs.bind(binding, spec.position_ids_name, positions)
-        if spec.logits_rows_name:
-            binding.bind_cpu_input(spec.logits_rows_name, np.array([out_rows], dtype=np.int64))
-        if spec.greedy_head:
-            # Each LM head reads the kept rows from its index on: one of the two runs.
-            binding.bind_cpu_input(spec.greedy_head["row_start_name"],
-                                   np.array([_NO_ROWS if head else head_start], np.int64))
-            binding.bind_cpu_input(spec.greedy_head["approx_row_start_name"],
-                                   np.array([head_start if head else _NO_ROWS], np.int64))
-        elif spec.head_row_start_name:
-            binding.bind_cpu_input(spec.head_row_start_name, np.array([head_start], np.int64))
+        _bind_head_rows(binding, spec, plan, head is not None)
         if self.shared_kv:
             # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
             cache.inputs.bind(binding, spec.seqlens_name, np.array([past + n_fed - 1], dtype=np.int32))
@@ -356,14 +361,7 @@ class ModelSession:
             binding.bind_cpu_input(spec.position_ids_name, lengths[:, None])
         binding.bind_cpu_input(spec.seqlens_name, lengths.astype(np.int32))  # past + 1 new - 1
         binding.bind_cpu_input(spec.total_length_name, np.array(lengths.max() + 1, dtype=np.int32))
-        if spec.logits_rows_name:
-            binding.bind_cpu_input(spec.logits_rows_name, np.array([plan.out_rows], dtype=np.int64))
-        if spec.greedy_head:
-            binding.bind_cpu_input(spec.greedy_head["row_start_name"], np.array([_NO_ROWS if head else 0], np.int64))
-            binding.bind_cpu_input(spec.greedy_head["approx_row_start_name"],
-                                   np.array([0 if head else _NO_ROWS], np.int64))
-        elif spec.head_row_start_name:
-            binding.bind_cpu_input(spec.head_row_start_name, np.array([0], np.int64))
+        _bind_head_rows(binding, spec, plan, head is not None)
         if spec.long_call_name:
             binding.bind_cpu_input(spec.long_call_name, _LONG_CALL[False])
         if head:
