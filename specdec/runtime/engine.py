@@ -251,11 +251,13 @@ class Engine:
         iterations = decode(self.target, cache, state.request, state.rng, state.drafter, state.policy)
         return self.text_pieces(opened, iterations, cache, on_iteration, stream)
 
-    def text_pieces(self, opened: "OpenRequest", iterations: Iterator[Iteration], cache: KVCache,
+    def text_pieces(self, opened: "OpenRequest", iterations: Iterator[Iteration], counters: KVCache,
                     on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:
         """Yield the text of `iterations` as it is committed (stop strings applied); set `stream.result` at the end.
 
-        Closing this generator closes `iterations` (the loop stops at the iteration it was on).
+        `counters` carries the request's onnxruntime time (run_seconds, rollback_seconds): its target
+        cache, or what the batch engine copied off its slot. Closing this generator closes `iterations`
+        (the loop stops at the iteration it was on).
         """
         stats, config, drafter = opened.stats, opened.config, opened.state.drafter
         decoder = self.codec.decode_stream()
@@ -281,7 +283,7 @@ class Engine:
                 finish = iteration.finished or finish
         finally:
             iterations.close()
-            stats.add_session_counters(cache, drafter.stats if drafter else None)
+            stats.add_session_counters(counters, drafter.stats if drafter else None)
         tail = stop_filter.flush()
         if tail:
             yield tail
