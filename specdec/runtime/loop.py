@@ -118,8 +118,8 @@ class DecodeState:
 
     @property
     def drafting(self) -> bool:
-        """Return whether a drafter proposes (it has a policy, and the request has not ended at its prefill)."""
-        return self.drafter is not None and self.policy is not None
+        """Return whether a drafter proposes (it always comes with its policy)."""
+        return self.drafter is not None
 
     @property
     def hidden(self) -> bool:
