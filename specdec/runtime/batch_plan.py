@@ -38,8 +38,7 @@ def choose_speculating(candidates: list[DraftCandidate], plain_rows: int, batch_
     chosen = [not c.adjustable for c in candidates]
     rows = plain_rows + sum(1 for c in candidates if c.adjustable)
     seconds = batch_seconds(rows) + sum(verify_seconds(c.k + 1) for c in candidates if not c.adjustable)
-    tokens = float(plain_rows + sum(1 for c in candidates if c.adjustable)) + sum(
-        expected_tokens_per_iteration(c.alpha, c.k) for c in candidates if not c.adjustable)
+    tokens = float(rows) + sum(expected_tokens_per_iteration(c.alpha, c.k) for c in candidates if not c.adjustable)
     order = sorted((i for i, c in enumerate(candidates) if c.adjustable),
                    key=lambda i: -(expected_tokens_per_iteration(candidates[i].alpha, candidates[i].k) - 1)
                    / max(verify_seconds(candidates[i].k + 1), 1e-9))

@@ -61,7 +61,7 @@ class RequestGuard:
         if refusal is not None:
             return await _answer(send, *refusal)
         if scope["method"] == "POST":
-            receive = self._bounded(receive, send)
+            receive = self._bounded(receive)
         await self.app(scope, receive, send)
 
     def refusal(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, Any], dict] | None:
@@ -88,7 +88,7 @@ class RequestGuard:
         return error_body(f"request body larger than {self.max_body_bytes} bytes", "invalid_request_error",
                           code="request_too_large")
 
-    def _bounded(self, receive: Callable, send: Callable) -> Callable:
+    def _bounded(self, receive: Callable) -> Callable:
         """Return a receive that fails the request once the body passes the limit (a body without a length)."""
         seen = 0
 
