@@ -62,6 +62,13 @@ from specdec.models.errors import MissingDependencyError, SpecdecError
               help="Add each request's speculative stats under \"specdec\" (requests may set specdec_stats).")
 @click.option("--shutdown-grace", type=float, default=30.0, show_default=True,
               help="On SIGTERM/SIGINT: seconds running generations get to finish before they are cancelled.")
+@click.option("--write-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Seconds a streamed chunk may wait for the client to take it; then the request is cancelled "
+                   "and its slot freed (a client that opens a stream and stops reading).")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds a connection may take to send a request's headers (slow-header clients).")
+@click.option("--keep-alive-timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="Seconds an idle keep-alive connection stays open.")
 @click.option("--ray", "use_ray", is_flag=True, help="Serve as a Ray Serve deployment (the `ray` extra).")
 @click.option("--replicas", type=click.IntRange(min=1), default=2, show_default=True, help="With --ray: replicas.")
 @click.option("--replica-cpus", type=float, default=1.0, show_default=True, help="With --ray: CPUs per replica.")
@@ -72,7 +79,8 @@ from specdec.models.errors import MissingDependencyError, SpecdecError
 @one_line_errors
 def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache, max_concurrency, max_queue,
           request_timeout, max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys, api_key_file,
-          public_metrics, allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, use_ray, replicas,
+          public_metrics, allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, write_timeout,
+          header_timeout, keep_alive_timeout, use_ray, replicas,
           replica_cpus, replica_gpus, ray_address, log_level) -> None:
     """Serve ARTIFACT over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions), /health, /metrics."""
     from specdec.models.manifest import load_manifest
@@ -91,7 +99,8 @@ def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache
                          max_tokens_default=max_tokens_default, threads=threads, provider=provider,
                          num_draft_tokens=num_draft_tokens, drafter=drafter, stats_in_response=stats_in_response,
                          shutdown_grace=shutdown_grace, api_keys=keys, public_metrics=public_metrics, host=host,
-                         max_body_bytes=max_body_bytes)
+                         max_body_bytes=max_body_bytes, write_timeout=write_timeout,
+                         header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout)
     config.validate()
     load_manifest(artifact, check_files=True)  # a bad artifact fails here, in one line, before any port opens
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -108,6 +117,7 @@ def _serve_one_process(config, host: str, port: int, log_level: str) -> None:
         import uvicorn
 
         from specdec.serve.app import create_app
+        from specdec.serve.http import uvicorn_config
     except ImportError:
         raise MissingDependencyError("the server is not installed; pip install 'specdec[serve]'") from None
     failures: list[str] = []
@@ -125,8 +135,7 @@ def _serve_one_process(config, host: str, port: int, log_level: str) -> None:
         sock.bind((host, port))
     except OSError as err:
         raise SpecdecError(f"cannot listen on {host}:{port}: {err.strerror}") from None
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=config.shutdown_grace,
-                                           access_log=log_level == "debug"))
+    server = uvicorn.Server(uvicorn_config(app, config, log_level, access_log=log_level == "debug"))
     bound = sock.getsockname()[1]
     note = config.oversubscription()
     if note:

@@ -307,7 +307,10 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
     deadline = arrival + config.request_timeout
     metrics, model = state.metrics, config.served_model_name
     try:
-        waited = await state.admission.acquire(timeout=deadline - time.perf_counter())
+        waited = await _admit_unless_gone(state, request, deadline)
+    except ClientGone:  # left while queued: dropped before its prefill, nobody to answer
+        metrics.cancelled.labels(model, "disconnect_queued").inc()
+        return Response(status_code=499)
     except Overloaded as err:
         metrics.rejected.labels(model, "overloaded").inc()
         raise APIError(429, str(err), type="rate_limit_exceeded", code="server_overloaded",
@@ -325,7 +328,7 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
     want_stats = body.specdec_stats if body.specdec_stats is not None else config.stats_in_response
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _StreamResponse(_sse(run, chat, include_usage, want_stats), run.close,
+        return _StreamResponse(_sse(run, chat, include_usage, want_stats), run.close, config.write_timeout,
                                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     watcher = asyncio.create_task(_watch_disconnect(request, run))
     try:
@@ -339,6 +342,35 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
         chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, text,
         protocol.FINISH_REASONS.get(result.finish_reason, "stop"),
         protocol.usage(len(ids), len(result.token_ids)), extra))
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was admitted."""
+
+
+async def _admit_unless_gone(state: ServerState, request: Request, deadline: float) -> float:
+    """Return the seconds waited for a slot; raise ClientGone if the client leaves first (the body is read
+    by now, so the only message left to receive is the disconnect), or admission's own errors."""
+    admit = asyncio.ensure_future(state.admission.acquire(timeout=deadline - time.perf_counter()))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({admit, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if admit.done():
+        return admit.result()
+    admit.cancel()
+    try:
+        await admit
+    except asyncio.CancelledError:
+        raise ClientGone() from None
+    state.admission.release()  # admitted in the same instant the client left
+    raise ClientGone()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _Run:
@@ -436,11 +468,8 @@ class _Run:
 
 async def _watch_disconnect(request: Request, run: _Run) -> None:
     """Cancel a non-streamed request's generation when its client goes away."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            run.generation.cancel("disconnect")
-            return
+    await _disconnected(request)
+    run.generation.cancel("disconnect")
 
 
 def _stats(result: GenerationResult) -> dict[str, Any]:
@@ -497,18 +526,34 @@ def _data(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-class _StreamResponse(StreamingResponse):
-    """A StreamingResponse that calls `on_close` however it ends: finished, client gone, or cancelled."""
+class SlowClient(Exception):
+    """The client did not take a stream chunk within the write timeout."""
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[str], None], **kwargs: Any):
+
+class _StreamResponse(StreamingResponse):
+    """A StreamingResponse that calls `on_close` however it ends (finished, client gone, cancelled), and
+    gives up on a client that takes no chunk for `write_timeout` seconds (its socket buffers are full)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[str], None], write_timeout: float,
+                 **kwargs: Any):
         super().__init__(content, **kwargs)
-        self._on_close = on_close
+        self._on_close, self._write_timeout = on_close, write_timeout
 
     async def __call__(self, scope, receive, send) -> None:
+        async def send_or_give_up(message) -> None:
+            try:
+                await asyncio.wait_for(send(message), timeout=self._write_timeout)
+            except asyncio.TimeoutError:
+                raise SlowClient() from None
+
+        reason = "disconnect"
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_or_give_up)
+        except* SlowClient:  # starlette's task group wraps it; uvicorn closes the connection after we return
+            reason = "slow_client"
+            log.warning("stream cancelled: the client took no chunk within %g s", self._write_timeout)
         finally:
-            self._on_close("disconnect")
+            self._on_close(reason)
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
                 await close()

@@ -55,6 +55,10 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20  # larger POST bodies get 413
     stats_in_response: bool = False  # add per-request speculative stats ("specdec") to every response
     shutdown_grace: float = 30.0  # on SIGTERM, seconds running generations get to finish before cancel
+    # A stream chunk the client does not take within this many seconds cancels the request (its slot is freed).
+    write_timeout: float = 30.0
+    header_timeout: float = 10.0  # seconds a connection may take to send a request's headers
+    keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
 
     def validate(self) -> None:
         """Raise SpecdecError for an out-of-range setting."""
@@ -74,6 +78,9 @@ class ServeConfig:
             raise SpecdecError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
         if self.max_tokens_default < 1:
             raise SpecdecError(f"max_tokens_default must be >= 1, got {self.max_tokens_default}")
+        for name in ("write_timeout", "header_timeout", "keep_alive_timeout"):
+            if not getattr(self, name) > 0:
+                raise SpecdecError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
             raise SpecdecError(f"threads must be >= 1, got {self.threads}")
 

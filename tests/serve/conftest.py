@@ -18,6 +18,7 @@ import uvicorn  # noqa: E402
 
 from specdec.runtime import Engine  # noqa: E402
 from specdec.serve import ServeConfig, create_app  # noqa: E402
+from specdec.serve.http import uvicorn_config  # noqa: E402
 
 MODEL = "tiny"
 START_TIMEOUT = 30.0
@@ -26,12 +27,15 @@ START_TIMEOUT = 30.0
 class LiveServer:
     """uvicorn serving `app` on a socket bound to 127.0.0.1:0, in a daemon thread."""
 
-    def __init__(self, app, shutdown_grace: float = 5.0):
+    def __init__(self, app, send_buffer_bytes: int | None = None):
         self.app = app
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=shutdown_grace))
+        config = uvicorn_config(app, app.state.specdec.config, log_level="warning")
+        if send_buffer_bytes is not None:  # loopback's buffers grow to MBs: a slow reader shows only past them
+            config.http = _small_send_buffer(config.http, send_buffer_bytes)
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
@@ -66,12 +70,23 @@ class LiveServer:
         return 0.0
 
 
+def _small_send_buffer(protocol: type, size: int) -> type:
+    class SmallSendBuffer(protocol):
+        def connection_made(self, transport) -> None:
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+            transport.set_write_buffer_limits(high=size)
+            super().connection_made(transport)
+
+    return SmallSendBuffer
+
+
 @contextmanager
 def live_server(engine: Engine | None, artifact: Path, **settings):
     """Start a server over `engine` (already loaded) with ServeConfig `settings`; stop it afterwards."""
     grace = settings.pop("shutdown_grace", 5.0)
+    send_buffer_bytes = settings.pop("send_buffer_bytes", None)
     config = ServeConfig(artifact=str(artifact), model_name=MODEL, shutdown_grace=grace, **settings)
-    server = LiveServer(create_app(config, engine), shutdown_grace=grace).start()
+    server = LiveServer(create_app(config, engine), send_buffer_bytes).start()
     try:
         yield server
     finally:

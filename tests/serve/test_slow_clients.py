@@ -1,0 +1,88 @@
+"""Clients that stop reading, leave while queued, or send their headers too slowly cost a bounded time."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.serve.conftest import MODEL, live_server
+
+WRITE_TIMEOUT = 1.5
+
+
+def _open_stream_and_never_read(url: str, max_tokens: int) -> socket.socket:
+    """Send a streamed chat request on a socket with a tiny receive buffer, and read nothing back."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before connect: the window stays small
+    sock.connect((host, int(port)))
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "go on"}], "stream": True,
+                       "max_tokens": max_tokens, "temperature": 0, "specdec_tokens": True}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
+
+
+def _running_is_zero(server, within: float) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        if server.metric("vllm:num_requests_running") == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("batching", [{"max_batch": 4}, {"max_concurrency": 4}], ids=["batch-engine", "threads"])
+def test_clients_that_never_read_lose_their_slots_after_the_write_timeout(serve_engine, serve_artifact, batching):
+    with live_server(serve_engine, serve_artifact, write_timeout=WRITE_TIMEOUT, max_queue=4, send_buffer_bytes=4096,
+                     **batching) as server:
+        stalled = [_open_stream_and_never_read(server.url, max_tokens=440) for _ in range(4)]
+        try:
+            time.sleep(0.5)  # the four hold every slot
+            start = time.perf_counter()
+            answer = httpx.post(server.url + "/v1/completions", timeout=60, json={
+                "model": MODEL, "prompt": "hello", "max_tokens": 8, "temperature": 0})
+            waited = time.perf_counter() - start
+            assert answer.status_code == 200, answer.text
+            assert waited < WRITE_TIMEOUT + 3.0, f"the fifth request took {waited:.1f} s"
+            assert server.metric("specdec:requests_cancelled_total", reason="slow_client") == 4
+            assert _running_is_zero(server, within=5.0)
+            if server.state.batch is not None:
+                assert server.state.batch.kv_usage == 0.0
+        finally:
+            for sock in stalled:
+                sock.close()
+
+
+def test_a_request_abandoned_in_the_queue_is_dropped_before_its_prefill(serve_engine, serve_artifact):
+    with live_server(serve_engine, serve_artifact, max_concurrency=1, max_queue=4, send_buffer_bytes=4096) as server:
+        holder = _open_stream_and_never_read(server.url, max_tokens=440)  # holds the one slot (write timeout 30 s)
+        try:
+            time.sleep(0.5)
+            prompts_before = server.metric("vllm:prompt_tokens_total")
+            with pytest.raises(httpx.ReadTimeout):  # the client gives up while its request waits for the slot
+                httpx.post(server.url + "/v1/completions", timeout=0.5,
+                           json={"model": MODEL, "prompt": "never mind", "max_tokens": 8})
+            time.sleep(0.3)
+            assert server.metric("specdec:requests_cancelled_total", reason="disconnect_queued") == 1
+            assert server.metric("vllm:num_requests_waiting") == 0
+        finally:
+            holder.close()
+        assert _running_is_zero(server, within=5.0)
+        assert server.metric("vllm:prompt_tokens_total") == prompts_before  # the abandoned prompt never prefilled
+        assert server.state.admission.running == 0
+
+
+def test_a_client_that_sends_headers_too_slowly_is_disconnected(serve_engine, serve_artifact):
+    with live_server(serve_engine, serve_artifact, header_timeout=0.5) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the blank line
+            start = time.monotonic()
+            assert sock.recv(1024) == b""  # closed by the server
+            assert time.monotonic() - start < 3.0
+        assert httpx.get(server.url + "/health", timeout=5).status_code == 200
