@@ -193,6 +193,17 @@ def inspect(artifact, as_json, no_verify) -> None:
     click.echo(f"  exported {prov.export_date} by specdec {prov.exporter_version} ({versions})")
 
 
+def _logit_bias_callback(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int, float], ...]:
+    pairs = []
+    for value in values:
+        token, _, bias = value.partition("=")
+        try:
+            pairs.append((int(token), float(bias)))
+        except ValueError:
+            raise click.BadParameter(f"'{value}' is not ID=BIAS (e.g. 42=-100)") from None
+    return tuple(pairs)
+
+
 @main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.argument("prompt")
@@ -204,6 +215,14 @@ def inspect(artifact, as_json, no_verify) -> None:
               help="Keep the k most likely tokens (0: off).")
 @click.option("--top-p", type=float, default=DEFAULTS.top_p, show_default=True,
               help="Nucleus sampling mass in (0, 1] (1: off).")
+@click.option("--min-p", type=float, default=DEFAULTS.min_p, show_default=True,
+              help="Drop tokens less likely than this fraction of the most likely one (0: off).")
+@click.option("--repetition-penalty", type=float, default=DEFAULTS.repetition_penalty, show_default=True,
+              help="> 1 makes tokens already in the prompt or output less likely (1: off).")
+@click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS", callback=_logit_bias_callback,
+              help="Add BIAS (-100..100) to token ID's logit (repeatable).")
+@click.option("--stop-token-id", "stop_token_ids", type=click.IntRange(min=0), multiple=True, metavar="ID",
+              help="End the answer after this token, as after EOS (repeatable).")
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True,
               help="Random seed: same seed, same output.")
 @click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto",
@@ -238,7 +257,8 @@ def inspect(artifact, as_json, no_verify) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Show each iteration's drafted and accepted tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, finish reason, stats).")
 @one_line_errors
-def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, num_draft_tokens, drafter,
+def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, logit_bias,
+             stop_token_ids, seed, num_draft_tokens, drafter,
              no_draft, max_draft_tokens_auto, ngram_min, ngram_max, phrases, chat, stop_strings, provider, threads,
              shared_threads, verbose, as_json) -> None:
     """Generate a completion of PROMPT with the artifact in ARTIFACT, streaming the text."""
@@ -249,6 +269,10 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, seed, 
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        logit_bias=logit_bias,
+        stop_token_ids=tuple(stop_token_ids),
         seed=seed,
         num_draft_tokens=parse_draft_tokens(num_draft_tokens),
         drafter="none" if no_draft else drafter,

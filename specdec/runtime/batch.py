@@ -258,7 +258,7 @@ class BatchEngine:
         span = max(by_slot) + 1  # rows 0..span-1; a slot not decoding here is parked
         caches = [by_slot[s].cache if s in by_slot else None for s in range(span)]
         tokens = [by_slot[s].opened.state.context[-1] if s in by_slot else 0 for s in range(span)]
-        greedy = all(s.request.sampling.greedy for s in states)
+        greedy = all(s.request.sampling.raw_argmax for s in states)
         start = time.perf_counter()
         logits = self.engine.target.forward_batch(lambda head: self.arena.binding(span, head), caches, tokens,
                                                   self.arena.parked_position, greedy)

@@ -24,6 +24,10 @@ class GenerationConfig:
     temperature: float = 0.0  # 0: greedy
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off; else drop tokens less likely than min_p x the most likely one
+    repetition_penalty: float = 1.0  # 1: off; > 1: tokens already in prompt or output become less likely
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit)
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the generation like EOS (kept in the output)
     # Seeds this request's numpy Generator: same seed and K, same output. Under
     # num_draft_tokens="auto" K follows measured timings, so sampled output can vary.
     seed: int = 0
@@ -44,7 +48,8 @@ class GenerationConfig:
     @property
     def sampling(self) -> SamplingConfig:
         """Return the sampling part of the config."""
-        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+        return SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty,
+                              tuple(self.logit_bias))
 
     def validate(self) -> None:
         """Raise GenerationError for a wrong-typed or out-of-range setting."""
@@ -63,6 +68,12 @@ class GenerationConfig:
         if not isinstance(self.stop_strings, (tuple, list)) or not all(
                 isinstance(s, str) and s for s in self.stop_strings):
             raise GenerationError(f"stop_strings must be a tuple of non-empty strings, got {self.stop_strings!r}")
+        if not isinstance(self.stop_token_ids, (tuple, list)) or not all(
+                isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise GenerationError(f"stop_token_ids must be token ids (integers >= 0), got {self.stop_token_ids!r}")
+        if not isinstance(self.logit_bias, (tuple, list)) or not all(
+                isinstance(pair, (tuple, list)) and len(pair) == 2 for pair in self.logit_bias):
+            raise GenerationError(f"logit_bias must be (token id, bias) pairs, got {self.logit_bias!r}")
         self.sampling.validate()
         if self.max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")

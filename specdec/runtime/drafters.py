@@ -23,7 +23,7 @@ import numpy as np
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.ngram import PHRASE_TABLE, NgramIndex
 from specdec.runtime.phrases import PhraseTable
-from specdec.runtime.sampling import SamplingConfig, process_logits, sample_token
+from specdec.runtime.sampling import SamplingConfig, greedy_tokens, process_logits, sample_token
 from specdec.runtime.session import ModelSession
 
 
@@ -121,10 +121,12 @@ class ModelDrafter:
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for i in range(k):
+            # the tokens before this draft's position, for a repetition penalty
+            seen = [context + tokens] if self.sampling.reads_context else None
             if self.sampling.greedy:
-                token = int(np.argmax(logits))  # q is one-hot at the argmax: Proposal.probs=None says so
+                token = int(greedy_tokens(logits[None, :], self.sampling, seen)[0])  # q one-hot: probs=None
             else:
-                q = process_logits(logits[None, :], self.sampling)[0]
+                q = process_logits(logits[None, :], self.sampling, seen)[0]
                 token = sample_token(q, self.rng)
                 rows.append(q)
             tokens.append(token)

@@ -24,7 +24,7 @@ from specdec.models.errors import ArtifactError
 from specdec.models.manifest import FeatureDraftSpec, GraphSpec
 from specdec.runtime.drafters import DrafterStats, Proposal
 from specdec.runtime.providers import create_session
-from specdec.runtime.sampling import SamplingConfig, process_logits, sample_token
+from specdec.runtime.sampling import SamplingConfig, greedy_tokens, process_logits, sample_token
 
 
 class EagleHead:
@@ -148,10 +148,14 @@ class EagleDrafter:
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for i in range(k):
-            if self.sampling.greedy:
+            # the tokens before this draft's position, for a repetition penalty
+            seen = [context + tokens] if self.sampling.reads_context else None
+            if self.sampling.raw_argmax:
                 token = int(self.head.subset[int(np.argmax(logits))])
+            elif self.sampling.greedy:
+                token = int(greedy_tokens(self.head.full_logits(logits[None]), self.sampling, seen)[0])
             else:
-                q = process_logits(self.head.full_logits(logits[None]), self.sampling)[0]
+                q = process_logits(self.head.full_logits(logits[None]), self.sampling, seen)[0]
                 token = sample_token(q, self.rng)
                 rows.append(q)
             tokens.append(token)

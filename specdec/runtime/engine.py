@@ -153,6 +153,9 @@ class Engine:
         """Return the prompt's token ids after checking `config` and the prompt; raise GenerationError for bad ones."""
         config.validate()
         self.drafter_kind(config.drafter)  # an impossible drafter fails here, before anything runs
+        for name, ids in (("stop_token_ids", config.stop_token_ids), ("logit_bias", [t for t, _ in config.logit_bias])):
+            if any(token >= self.vocab_size for token in ids):
+                raise GenerationError(f"{name}: token ids must be below the vocabulary size {self.vocab_size}")
         ids = (check_token_ids(prompt, self.vocab_size) if isinstance(prompt, list)
                else self.prompt_ids(prompt, config.chat))
         if len(ids) > self.max_positions:
@@ -239,7 +242,8 @@ class Engine:
             self._calibrate_call_costs(ids, config.max_draft_tokens_auto + 1)  # before the request's clock starts
         stats = GenerationStats(drafter=drafter.name if drafter else "none",
                                 num_draft_tokens=k_label if drafter else "0", prompt_tokens=len(ids))
-        request = DecodeRequest(ids, config.max_new_tokens, config.sampling, frozenset(self.eos_token_ids),
+        request = DecodeRequest(ids, config.max_new_tokens, config.sampling,
+                                frozenset(self.eos_token_ids) | frozenset(config.stop_token_ids),
                                 self.max_positions)
         return OpenRequest(DecodeState(request, rng, drafter, policy if drafter else None), config, stats)
 

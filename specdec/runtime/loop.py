@@ -23,7 +23,8 @@ from specdec.runtime.acceptance import Verdict, greedy_verify, rejection_sample
 from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.drafters import Drafter, Proposal
 from specdec.runtime.kv_cache import KVCache
-from specdec.runtime.sampling import SamplingConfig, next_token, process_logits
+from specdec.runtime.sampling import (SamplingConfig, greedy_tokens, next_token, process_logits,
+                                      seen_before_rows)
 from specdec.runtime.session import ModelSession
 
 
@@ -146,8 +147,9 @@ def prefill(target: ModelSession, cache: KVCache, state: DecodeState) -> Iterati
     # Greedy calls may read the target's 8-bit LM head instead of its fp32 one (specdec/runtime/greedy_head.py):
     # the same argmax, fewer bytes.
     logits, state.states = _rows(target.forward(cache, request.prompt_ids[cache.length:], logits_rows=1,
-                                                hidden=state.hidden, greedy=request.sampling.greedy), state.hidden)
-    state.context = list(request.prompt_ids) + [next_token(logits[-1], request.sampling, state.rng)]
+                                                hidden=state.hidden, greedy=request.sampling.raw_argmax), state.hidden)
+    state.context = list(request.prompt_ids) + [next_token(logits[-1], request.sampling, state.rng,
+                                                           request.prompt_ids)]
     state.generated = 1
     state.iteration = _finish(Iteration([], 0, state.context[-1:], False, None, prefill=True,
                                         target_seconds=time.perf_counter() - start), request, state.context, 1)
@@ -178,7 +180,7 @@ def draft(state: DecodeState, k: int) -> Proposal:
 def verify_call(target: ModelSession, cache: KVCache, state: DecodeState, drafts: list[int]) -> np.ndarray:
     """Score the last committed token and `drafts` in ONE target call; return logits [len(drafts) + 1, vocab]."""
     logits, state.states = _rows(target.forward(cache, [state.context[-1]] + drafts, hidden=state.hidden,
-                                                greedy=state.request.sampling.greedy), state.hidden)
+                                                greedy=state.request.sampling.raw_argmax), state.hidden)
     return logits
 
 
@@ -186,7 +188,7 @@ def commit(state: DecodeState, cache: KVCache, situation: str | None, proposal: 
            target_seconds: float) -> Iteration:
     """Accept, roll back, commit, cut at EOS and finish, after the target scored `proposal`; return the Iteration."""
     request, drafts = state.request, proposal.tokens
-    verdict = _verify(drafts, proposal, logits, request.sampling, state.rng)  # 3. accept
+    verdict = _verify(state.context, proposal, logits, request.sampling, state.rng)  # 3. accept
     # 4. roll back: the target keeps the last committed token and the accepted drafts; so does the draft
     past_length = len(state.context) - 1
     cache.rollback(len(state.context) + verdict.num_accepted)
@@ -234,11 +236,13 @@ def _timed(function, *args) -> float:
     return time.perf_counter() - start
 
 
-def _verify(drafts: list[int], proposal: Proposal, logits: np.ndarray, sampling: SamplingConfig,
+def _verify(context: list[int], proposal: Proposal, logits: np.ndarray, sampling: SamplingConfig,
             rng: np.random.Generator) -> Verdict:
+    drafts = proposal.tokens
+    seen = seen_before_rows(context, drafts, len(logits)) if sampling.reads_context else None
     if sampling.greedy:
-        return greedy_verify(drafts, np.argmax(logits, axis=-1))
-    target_probs = process_logits(logits, sampling)  # same processing as the draft's q
+        return greedy_verify(drafts, greedy_tokens(logits, sampling, seen))
+    target_probs = process_logits(logits, sampling, seen)  # same processing as the draft's q
     return rejection_sample(drafts, target_probs, proposal.probs, rng)
 
 

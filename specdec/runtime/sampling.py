@@ -1,13 +1,16 @@
 """Pure functions that turn logits into the distributions both models sample from.
 
 The same `process_logits` is applied to target rows (p) and draft rows (q): speculative
-sampling is exact only when both are processed identically (temperature, top-k, top-p).
+sampling is exact only when both are processed identically (logit bias, repetition penalty,
+temperature, top-k, top-p, min-p), each row seeing the tokens before its own position.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -16,6 +19,8 @@ from specdec.models.errors import GenerationError
 
 MIN_TEMPERATURE = 1e-3  # logits / 1e-3 stays finite for any float32 logit; sharper is greedy in all but name
 MAX_TEMPERATURE = 100.0  # flatter than this is uniform noise, most likely a typo
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, +100 forces it
+MAX_REPETITION_PENALTY = 10.0
 
 
 @dataclass(frozen=True)
@@ -25,15 +30,32 @@ class SamplingConfig:
     temperature: float = 0.0  # 0: greedy; > 0: softmax(logits / temperature)
     top_k: int = 0  # 0: off; else keep the k most likely tokens
     top_p: float = 1.0  # 1.0: off; else keep the smallest set with mass >= top_p
+    min_p: float = 0.0  # 0: off; else drop tokens less likely than min_p x the most likely one
+    # 1: off; > 1: a token already in the context has its logit divided (if > 0) or multiplied by this
+    # (CTRL's rule, as transformers and vLLM apply it over prompt and output)
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit), OpenAI's logit_bias
 
     @property
     def greedy(self) -> bool:
         """Return True when decoding is argmax (temperature 0)."""
         return self.temperature == 0.0
 
+    @property
+    def reads_context(self) -> bool:
+        """Return True when a row's processing depends on the tokens before it (repetition penalty)."""
+        return self.repetition_penalty != 1.0
+
+    @property
+    def raw_argmax(self) -> bool:
+        """Return True when the next token is the argmax of the model's own logits: greedy, no bias, no
+        penalty. Only then may a call read a greedy LM head, which gives the argmax and not the logits."""
+        return self.greedy and not self.logit_bias and not self.reads_context
+
     def validate(self) -> None:
         """Raise GenerationError if a setting has the wrong type or is out of range."""
-        for name, kind in (("temperature", "a number"), ("top_p", "a number"), ("top_k", "an integer")):
+        for name, kind in (("temperature", "a number"), ("top_p", "a number"), ("top_k", "an integer"),
+                           ("min_p", "a number"), ("repetition_penalty", "a number")):
             value = getattr(self, name)
             ok = isinstance(value, numbers.Integral if kind == "an integer" else numbers.Real)
             if not ok or isinstance(value, bool):
@@ -47,17 +69,59 @@ class SamplingConfig:
             raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise GenerationError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise GenerationError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise GenerationError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
+                                  f"got {self.repetition_penalty}")
+        for token, bias in self.logit_bias:
+            if not isinstance(token, numbers.Integral) or isinstance(token, bool) or token < 0:
+                raise GenerationError(f"logit_bias token ids must be integers >= 0, got {token!r}")
+            if not isinstance(bias, numbers.Real) or not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
+                raise GenerationError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                                      f"got {bias!r} for token {token}")
 
 
-def process_logits(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:
+def seen_before_rows(context: Sequence[int], drafts: Sequence[int], rows: int) -> list[list[int]]:
+    """Return, for each of `rows` rows of a call that scores the tokens after `context` and after each
+    draft, the tokens before that row's position: context, context + drafts[:1], ..."""
+    return [list(context) + list(drafts[:row]) for row in range(rows)]
+
+
+def adjust_logits(logits: np.ndarray, config: SamplingConfig, seen: Sequence[Sequence[int]] | None) -> np.ndarray:
+    """Return logits [rows, vocab] with the logit bias added and the repetition penalty applied (float64; the
+    input itself when neither is set). `seen[r]`: the tokens before row r (needed with a repetition penalty)."""
+    if not config.logit_bias and not config.reads_context:
+        return logits
+    adjusted = logits.astype(np.float64)  # a copy: the caller's logits stay as the model gave them
+    vocab = adjusted.shape[-1]
+    for token, bias in config.logit_bias:
+        if token < vocab:
+            adjusted[:, token] += bias
+    if config.reads_context:
+        if seen is None or len(seen) != adjusted.shape[0]:
+            raise ValueError("a repetition penalty needs the tokens seen before each row")
+        penalty = config.repetition_penalty
+        for row, tokens in enumerate(seen):
+            ids = np.unique(np.asarray(tokens, dtype=np.int64))
+            ids = ids[ids < vocab]
+            values = adjusted[row, ids]
+            adjusted[row, ids] = np.where(values > 0, values / penalty, values * penalty)
+    return adjusted
+
+
+def process_logits(logits: np.ndarray, config: SamplingConfig,
+                   seen: Sequence[Sequence[int]] | None = None) -> np.ndarray:
     """Return probabilities [rows, vocab] (float64, rows sum to 1) from logits [rows, vocab].
 
-    Greedy gives a one-hot row at the argmax, so a greedy draft is never scored with a
-    softmax q. Otherwise: divide by temperature, keep top-k, keep top-p, softmax.
+    First the logit bias and the repetition penalty (`seen[r]`: the tokens before row r). Greedy then
+    gives a one-hot row at the argmax, so a greedy draft is never scored with a softmax q. Otherwise:
+    divide by temperature, keep top-k, keep top-p, keep min-p, softmax (transformers' order).
     """
     if logits.ndim != 2:
         raise ValueError(f"logits must be [rows, vocab], got shape {logits.shape}")
     rows, vocab = logits.shape
+    logits = adjust_logits(logits, config, seen)
     if config.greedy:
         probs = np.zeros((rows, vocab), dtype=np.float64)
         probs[np.arange(rows), np.argmax(logits, axis=-1)] = 1.0
@@ -78,6 +142,9 @@ def process_logits(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:
         np.put_along_axis(keep, order, keep_sorted, axis=-1)
         probs = np.where(keep, probs, 0.0)
         probs /= probs.sum(axis=-1, keepdims=True)
+    if config.min_p > 0.0:  # relative to the row's most likely token, which always stays
+        probs = np.where(probs >= config.min_p * probs.max(axis=-1, keepdims=True), probs, 0.0)
+        probs /= probs.sum(axis=-1, keepdims=True)
     return probs
 
 
@@ -94,8 +161,15 @@ def sample_token(probs: np.ndarray, rng: np.random.Generator) -> int:
     return int(min(np.searchsorted(cdf, u, side="right"), probs.shape[0] - 1))
 
 
-def next_token(logits_row: np.ndarray, config: SamplingConfig, rng: np.random.Generator) -> int:
-    """Return the next token for one logits row [vocab]: argmax when greedy, else a sample."""
+def next_token(logits_row: np.ndarray, config: SamplingConfig, rng: np.random.Generator,
+               seen: Sequence[int] = ()) -> int:
+    """Return the next token for one logits row [vocab] after the tokens `seen`: argmax when greedy, else a
+    sample."""
     if config.greedy:
-        return int(np.argmax(logits_row))
-    return sample_token(process_logits(logits_row[None, :], config)[0], rng)
+        return int(np.argmax(adjust_logits(logits_row[None, :], config, [seen])[0]))
+    return sample_token(process_logits(logits_row[None, :], config, [seen])[0], rng)
+
+
+def greedy_tokens(logits: np.ndarray, config: SamplingConfig, seen: Sequence[Sequence[int]] | None) -> np.ndarray:
+    """Return each row's argmax [rows] after the logit bias and the repetition penalty."""
+    return np.argmax(adjust_logits(logits, config, seen), axis=-1)

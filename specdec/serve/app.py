@@ -163,53 +163,73 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
         state.update_load()
         return Response(state.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def model_card() -> dict[str, Any]:
+        return {"id": config.served_model_name, "object": "model", "created": 0, "owned_by": "specdec",
+                "max_model_len": state.engine.max_positions if state.engine else None}
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        name = config.served_model_name
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "specdec",
-             "max_model_len": state.engine.max_positions if state.engine else None}]})
+        return JSONResponse({"object": "list", "data": [model_card()]})
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> JSONResponse:
+        if model_id != config.served_model_name:
+            raise APIError(404, f"the model '{model_id}' does not exist; this server serves "
+                                f"'{config.served_model_name}'", type="not_found_error", param="model",
+                           code="model_not_found")
+        return JSONResponse(model_card())
+
+    # Parsing, templating and tokenising run on a worker thread: a large body never stalls the event loop.
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = _parse(ChatCompletionRequest, await _json_body(request))
-        engine = _ready(state)
-        if not engine.codec.has_chat_template:
-            raise APIError(400, "this model's tokenizer has no chat template: send plain prompts to /v1/completions",
-                           param="messages", code="no_chat_template")
-        if len(body.messages) > protocol.MAX_MESSAGES:  # before templating and tokenising them all
-            raise APIError(400, f"at most {protocol.MAX_MESSAGES} messages per request", param="messages")
-        messages = protocol.chat_messages(body)
-        try:
-            text = engine.codec.chat_prompt(messages)
-        except SpecdecError as err:
-            raise APIError(400, str(err), param="messages") from None
-        ids = engine.codec.encode(text, add_special_tokens=False)
+        raw = await request.body()
+        body, ids = await asyncio.to_thread(_chat_input, _ready(state), raw)
         return await _complete(state, request, body, ids, chat=True, param="messages")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = _parse(CompletionRequest, await _json_body(request))
-        engine = _ready(state)
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise APIError(400, "only one prompt per request is supported", param="prompt")
-            prompt = prompt[0]
-        if isinstance(prompt, list):
-            if not prompt:
-                raise APIError(400, "prompt must not be empty", param="prompt")
-            vocab = engine.manifest.tokenizer.vocab_size
-            if any(not 0 <= token < vocab for token in prompt):
-                raise APIError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
-            ids = list(prompt)
-        else:
-            ids = engine.codec.encode(prompt)
-            if not ids:
-                raise APIError(400, "prompt must not be empty", param="prompt")
+        raw = await request.body()
+        body, ids = await asyncio.to_thread(_completion_input, _ready(state), raw)
         return await _complete(state, request, body, ids, chat=False, param="prompt")
 
     return app
+
+
+def _chat_input(engine: Engine, raw: bytes) -> tuple[ChatCompletionRequest, list[int]]:
+    """Return the parsed chat request and its prompt ids (chat template applied); raise APIError for bad input."""
+    body = _parse(ChatCompletionRequest, _json(raw))
+    if not engine.codec.has_chat_template:
+        raise APIError(400, "this model's tokenizer has no chat template: send plain prompts to /v1/completions",
+                       param="messages", code="no_chat_template")
+    if len(body.messages) > protocol.MAX_MESSAGES:  # before templating and tokenising them all
+        raise APIError(400, f"at most {protocol.MAX_MESSAGES} messages per request", param="messages")
+    messages = protocol.chat_messages(body)
+    try:
+        text = engine.codec.chat_prompt(messages)
+    except SpecdecError as err:
+        raise APIError(400, str(err), param="messages") from None
+    return body, engine.codec.encode(text, add_special_tokens=False)
+
+
+def _completion_input(engine: Engine, raw: bytes) -> tuple[CompletionRequest, list[int]]:
+    """Return the parsed completion request and its prompt ids; raise APIError for bad input."""
+    body = _parse(CompletionRequest, _json(raw))
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(400, "only one prompt per request is supported", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        if not prompt:
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        vocab = engine.manifest.tokenizer.vocab_size
+        if any(not 0 <= token < vocab for token in prompt):
+            raise APIError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
+        return body, list(prompt)
+    ids = engine.codec.encode(prompt)
+    if not ids:
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    return body, ids
 
 
 def _load(state: ServerState, on_load_error: Callable[[str], None] | None) -> None:
@@ -223,8 +243,7 @@ def _load(state: ServerState, on_load_error: Callable[[str], None] | None) -> No
             on_load_error(state.load_error)
 
 
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
+def _json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -255,9 +274,10 @@ def _ready(state: ServerState) -> Engine:
     return state.engine
 
 
-def _generation_config(state: ServerState, body: Any, prompt_length: int, param: str) -> GenerationConfig:
+def _generation_config(state: ServerState, body: Any, ids: list[int], param: str) -> GenerationConfig:
     engine, config = state.engine, state.config
     assert engine is not None
+    prompt_length = len(ids)
     room = engine.max_positions - prompt_length
     if room < 1:
         raise APIError(400, f"prompt of {prompt_length} tokens leaves no room in the model's "
@@ -276,8 +296,14 @@ def _generation_config(state: ServerState, body: Any, prompt_length: int, param:
         raise APIError(400, f"at most {protocol.MAX_STOP_STRINGS} stop strings", param="stop")
     if any(len(stop) > protocol.MAX_STOP_LENGTH for stop in stops):  # each generated token scans every stop string
         raise APIError(400, f"stop strings are at most {protocol.MAX_STOP_LENGTH} characters", param="stop")
+    if len(body.stop_token_ids or ()) > protocol.MAX_STOP_TOKEN_IDS:
+        raise APIError(400, f"at most {protocol.MAX_STOP_TOKEN_IDS} stop_token_ids", param="stop_token_ids")
     generation = GenerationConfig(
         max_new_tokens=max_tokens,
+        min_p=body.min_p or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        logit_bias=body.logit_bias_pairs(),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
         temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default
         top_k=max(body.top_k or 0, 0),
         top_p=1.0 if body.top_p is None else body.top_p,
@@ -287,9 +313,7 @@ def _generation_config(state: ServerState, body: Any, prompt_length: int, param:
         stop_strings=stops,
     )
     try:
-        generation.validate()
-        if generation.drafter == "model" and engine.draft is None:
-            raise SpecdecError("this artifact has no draft model; use drafter 'ngram' or 'none'")
+        engine.checked_prompt(ids, generation)  # settings, and token ids against the vocabulary
     except SpecdecError as err:
         raise APIError(400, str(err)) from None
     return generation
@@ -303,7 +327,7 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
         raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
                             f"'{config.served_model_name}'", type="not_found_error", param="model",
                        code="model_not_found")
-    generation_config = _generation_config(state, body, len(ids), param)
+    generation_config = _generation_config(state, body, ids, param)
     deadline = arrival + config.request_timeout
     metrics, model = state.metrics, config.served_model_name
     try:

@@ -18,6 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_STOP_LENGTH = 256  # characters per stop string
 MAX_MESSAGES = 512  # chat messages per request
+MAX_LOGIT_BIAS = 300  # logit_bias entries per request
+MAX_STOP_TOKEN_IDS = 64
+# OpenAI fields that change nothing a text-only, single-server model does: accepted and ignored
+# (docs/SERVE.md lists them).
+IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+                  "safety_identifier", "reasoning_effort", "verbosity")
 
 
 class APIError(Exception):
@@ -64,8 +70,12 @@ class _Common(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=-1)  # vLLM's extension; -1 and 0 mean off
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # vLLM's extension
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)  # vLLM's extension
+    logit_bias: dict[StrictStr, float] | None = None  # {"token id": -100..100}
     stop: Union[StrictStr, list[StrictStr], None] = None
+    stop_token_ids: list[StrictInt] | None = None  # vLLM's extension: these tokens end the answer
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # specdec's knobs (extra_body in the openai client)
@@ -78,7 +88,6 @@ class _Common(BaseModel):
     best_of: StrictInt | None = None
     logprobs: Any = None
     top_logprobs: Any = None
-    logit_bias: Any = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     response_format: Any = None
@@ -88,6 +97,19 @@ class _Common(BaseModel):
     function_call: Any = None
     echo: StrictBool | None = None
     suffix: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    # vLLM's extensions that would change the answer and are not implemented
+    ignore_eos: StrictBool | None = None
+    min_tokens: StrictInt | None = None
+    use_beam_search: StrictBool | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """Return (field, reason) for the first field set to a value specdec cannot serve, else None."""
@@ -96,7 +118,6 @@ class _Common(BaseModel):
             ("best_of", self.best_of not in (None, 1), "only best_of=1 is supported"),
             ("logprobs", self.logprobs not in (None, False, 0), "logprobs are not supported"),
             ("top_logprobs", self.top_logprobs not in (None, 0), "top_logprobs are not supported"),
-            ("logit_bias", bool(self.logit_bias), "logit_bias is not supported"),
             ("presence_penalty", self.presence_penalty not in (None, 0, 0.0), "presence_penalty is not supported"),
             ("frequency_penalty", self.frequency_penalty not in (None, 0, 0.0), "frequency_penalty is not supported"),
             ("response_format", _format_type(self.response_format) not in (None, "text"),
@@ -107,8 +128,32 @@ class _Common(BaseModel):
             ("function_call", self.function_call not in (None, "none", "auto"), "function_call is not supported"),
             ("echo", bool(self.echo), "echo is not supported"),
             ("suffix", bool(self.suffix), "suffix is not supported"),
-        ]
+            ("audio", self.audio is not None, "audio output is not supported"),
+            ("modalities", self.modalities not in (None, ["text"]), "only the text modality is supported"),
+            ("prediction", self.prediction is not None, "predicted outputs are not supported"),
+            ("web_search_options", self.web_search_options is not None, "web search is not supported"),
+            ("ignore_eos", bool(self.ignore_eos), "ignore_eos is not supported"),
+            ("min_tokens", self.min_tokens not in (None, 0), "min_tokens is not supported"),
+            ("use_beam_search", bool(self.use_beam_search), "beam search is not supported"),
+        ] + [(name, getattr(self, name) is not None, "guided decoding is not supported")
+             for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")]
         return next(((field, reason) for field, bad, reason in checks if bad), None)
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """Return logit_bias as (token id, bias) pairs; raise APIError for a key that is not a token id, a bias
+        outside [-100, 100] or too many entries."""
+        bias = self.logit_bias or {}
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise APIError(400, f"logit_bias takes at most {MAX_LOGIT_BIAS} entries", param="logit_bias")
+        pairs = []
+        for key, value in bias.items():
+            if not key.isdigit():
+                raise APIError(400, f"logit_bias keys are token ids, got '{key[:32]}'", param="logit_bias")
+            if not -100.0 <= value <= 100.0:
+                raise APIError(400, f"logit_bias values are in [-100, 100], got {value} for token {key}",
+                               param="logit_bias")
+            pairs.append((int(key), float(value)))
+        return tuple(pairs)
 
     def stop_strings(self) -> tuple[str, ...]:
         """Return the stop strings as a tuple (empty strings dropped)."""

@@ -121,8 +121,9 @@ def test_every_generation_setting_has_a_flag_with_the_same_default():
         assert field.name in params, f"GenerationConfig.{field.name} has no generate flag"
         param = params[field.name]
         default = param.default
-        # K's default is the artifact's (None); stops are a tuple of repeats; flags default off
-        if field.name not in ("num_draft_tokens", "stop_strings") and not getattr(param, "is_flag", False):
+        # K's default is the artifact's (None); stops and biases are tuples of repeats; flags default off
+        repeated = ("stop_strings", "stop_token_ids", "logit_bias")
+        if field.name != "num_draft_tokens" and field.name not in repeated and not getattr(param, "is_flag", False):
             assert default == field.default, f"--{field.name.replace('_', '-')} defaults to {default}, not {field.default}"
 
 

@@ -196,7 +196,7 @@ def _target_joint(engine, prompt_ids, sampling, depth):
 
     def walk(prefix, mass):
         probs = process_logits(engine.target.forward(engine.target.new_cache(), prompt_ids + prefix)[-1:],
-                               sampling)[0]
+                               sampling, [prompt_ids + prefix])[0]
         for token in np.flatnonzero(probs):
             cell = prefix + [int(token)]
             if len(cell) == depth:
@@ -246,6 +246,8 @@ def near_engine(tiny_near_draft_artifact):
     ("model", dict(temperature=1.3, top_k=3), 2),
     ("model", dict(temperature=0.8, top_k=4, top_p=0.7), 3),
     ("ngram", dict(temperature=1.5, top_k=3, top_p=0.95), 2),
+    # a repetition penalty (each row sees its own drafts), min-p and a logit bias, on p and q alike
+    ("model", dict(temperature=1.2, top_k=4, min_p=0.1, repetition_penalty=1.6, logit_bias=((5, 1.5),)), 3),
     # auto picks K from the n-gram match's situation before drafting: still only from the past
     ("ngram", dict(temperature=1.5, top_k=3, top_p=0.95), "auto"),
     # the phrase table proposes where the context holds nothing to copy (one-hot q, like prompt lookup)
