@@ -20,7 +20,7 @@ from specdec.models.errors import GenerationError
 MIN_TEMPERATURE = 1e-3  # logits / 1e-3 stays finite for any float32 logit; sharper is greedy in all but name
 MAX_TEMPERATURE = 100.0  # flatter than this is uniform noise, most likely a typo
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, +100 forces it
-MAX_REPETITION_PENALTY = 10.0
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0  # beyond them a logit / penalty overflows or is noise
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ class SamplingConfig:
             raise GenerationError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise GenerationError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
-            raise GenerationError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise GenerationError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}], "
                                   f"got {self.repetition_penalty}")
         for token, bias in self.logit_bias:
             if not isinstance(token, numbers.Integral) or isinstance(token, bool) or token < 0:

@@ -167,6 +167,10 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
         return {"id": config.served_model_name, "object": "model", "created": 0, "owned_by": "specdec",
                 "max_model_len": state.engine.max_positions if state.engine else None}
 
+    @app.get("/openapi.json")
+    async def openapi() -> JSONResponse:
+        return JSONResponse(protocol.openapi_schema())
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [model_card()]})

@@ -72,7 +72,7 @@ class _Common(BaseModel):
     top_k: StrictInt | None = Field(default=None, ge=-1)  # vLLM's extension; -1 and 0 mean off
     seed: StrictInt | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # vLLM's extension
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)  # vLLM's extension
+    repetition_penalty: float | None = Field(default=None, ge=0.01, le=10.0)  # vLLM's extension
     logit_bias: dict[StrictStr, float] | None = None  # {"token id": -100..100}
     stop: Union[StrictStr, list[StrictStr], None] = None
     stop_token_ids: list[StrictInt] | None = None  # vLLM's extension: these tokens end the answer
@@ -252,3 +252,37 @@ def token_kinds(drafted: int, num_accepted: int, committed: int, is_bonus: bool,
     if committed > len(kinds):
         kinds.append("bonus" if drafted and is_bonus else "recovered" if drafted and rejected else "plain")
     return kinds
+
+
+def openapi_schema() -> dict[str, Any]:
+    """Return an OpenAPI 3.1 document of the routes, the request bodies taken from the pydantic models
+    (the routes read their bodies themselves, to answer every bad one in OpenAI's error shape)."""
+    error = {"description": "OpenAI's error object", "content": {"application/json": {"schema": {"type": "object"}}}}
+    ok = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+
+    def post(model: type[BaseModel], summary: str) -> dict[str, Any]:
+        return {"post": {"summary": summary, "requestBody": {"required": True, "content": {
+            "application/json": {"schema": model.model_json_schema(ref_template="#/components/schemas/{model}")}}},
+            "responses": {"200": ok, "400": error}}}
+
+    def get(summary: str, parameters: list | None = None) -> dict[str, Any]:
+        return {"get": {"summary": summary, "parameters": parameters or [], "responses": {"200": ok}}}
+
+    schemas: dict[str, Any] = {}
+    for model in (ChatCompletionRequest, CompletionRequest):
+        schemas.update(model.model_json_schema(ref_template="#/components/schemas/{model}").get("$defs", {}))
+    paths = {
+        "/v1/chat/completions": post(ChatCompletionRequest, "A chat completion, streamed (SSE) or not"),
+        "/v1/completions": post(CompletionRequest, "A text completion, streamed (SSE) or not"),
+        "/v1/models": get("The served model"),
+        "/v1/models/{model_id}": get("One model by id", [
+            {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]),
+        "/health": get("200 when ready, 503 while loading or draining"),
+        "/metrics": get("Prometheus text"),
+    }
+    for path in paths.values():  # pydantic's $defs live in components
+        for operation in path.values():
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+            body.get("schema", {}).pop("$defs", None)
+    return {"openapi": "3.1.0", "info": {"title": "specdec", "version": "1"}, "paths": paths,
+            "components": {"schemas": schemas}}
