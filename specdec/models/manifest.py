@@ -351,17 +351,16 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
     return spec
 
 
+def _fields(data: Any, where: str, required: dict[str, tuple], optional: dict[str, tuple] = {}) -> dict[str, Any]:
+    """Return {field: value} for the required and optional fields of one manifest object, each type-checked."""
+    values = {key: _get(data, key, kinds, where) for key, kinds in required.items()}
+    return {**values, **{key: _get(data, key, kinds, where, True) for key, kinds in optional.items()}}
+
+
 def _tokenizer_from_dict(data: Any) -> TokenizerSpec:
-    where = "tokenizer"
-    spec = TokenizerSpec(
-        files=_get(data, "files", (list,), where),
-        sha256=_get(data, "sha256", (dict,), where),
-        vocab_size=_get(data, "vocab_size", (int,), where),
-        eos_token_ids=_get(data, "eos_token_ids", (list,), where),
-        bos_token_id=_get(data, "bos_token_id", (int,), where, True),
-        pad_token_id=_get(data, "pad_token_id", (int,), where, True),
-        chat_template=_get(data, "chat_template", (str,), where, True),
-    )
+    spec = TokenizerSpec(**_fields(data, "tokenizer", {
+        "files": (list,), "sha256": (dict,), "vocab_size": (int,), "eos_token_ids": (list,)}, {
+        "bos_token_id": (int,), "pad_token_id": (int,), "chat_template": (str,)}))
     if not any(f.endswith("tokenizer.json") for f in spec.files):
         raise ManifestError(f"{MANIFEST_FILENAME}: 'tokenizer.files' has no tokenizer.json")
     return spec
@@ -408,17 +407,10 @@ def _phrase_table_from_dict(data: Any) -> PhraseTableSpec:
 
 def _feature_draft_from_dict(data: Any) -> FeatureDraftSpec:
     where = "feature_draft"
-    spec = FeatureDraftSpec(
-        kind=_get(data, "kind", (str,), where),
-        files=_get(data, "files", (list,), where),
-        sha256=_get(data, "sha256", (dict,), where),
-        hidden_size=_get(data, "hidden_size", (int,), where),
-        num_kv_heads=_get(data, "num_kv_heads", (int,), where),
-        head_dim=_get(data, "head_dim", (int,), where),
-        vocab_subset=_get(data, "vocab_subset", (int,), where),
-        target_graph_sha256=_get(data, "target_graph_sha256", (str,), where),
-        training=_get(data, "training", (dict,), where, True) or {},
-    )
+    spec = FeatureDraftSpec(**_fields(data, where, {
+        "kind": (str,), "files": (list,), "sha256": (dict,), "hidden_size": (int,), "num_kv_heads": (int,),
+        "head_dim": (int,), "vocab_subset": (int,), "target_graph_sha256": (str,)}), training=_get(
+        data, "training", (dict,), where, True) or {})
     if spec.kind not in FEATURE_DRAFT_KINDS:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.kind' must be one of {', '.join(FEATURE_DRAFT_KINDS)}, "
                             f"got {spec.kind!r}")
