@@ -73,9 +73,14 @@ def main() -> None:
                    "Intel Xeon (AVX-512) it took 9-13% off a 285-token prefill; on an AMD EPYC (AVX2) the prefill "
                    "is level and every step pays ~0.5 ms for the Ifs (decode ~3.7% slower): off there "
                    "(docs/FAIR_ANCHORS.md, rounds 6-11).")
+@click.option("--batch-rows", type=click.IntRange(min=0), default=8, show_default=True,
+              help="fp32 targets with a shared KV buffer: also write a graph that takes this many sequences of any "
+                   "token counts in one call, so `specdec serve --max-batch` of the same number verifies several "
+                   "requests' drafts in one target call (its weights shared through one data file). 0: none "
+                   "(each speculating request is verified in a call of its own).")
 @one_line_errors
 def export(target, draft, output, dtype, weights, device, opset, trust_remote_code, force, atol, min_agreement,
-           revision, optimize, shared_kv, exact_steps, greedy_head, long_call_attention) -> None:
+           revision, optimize, shared_kv, exact_steps, greedy_head, long_call_attention, batch_rows) -> None:
     """Export a draft and a target model into one validated artifact folder.
 
     \b
@@ -104,6 +109,7 @@ def export(target, draft, output, dtype, weights, device, opset, trust_remote_co
         exact_steps=exact_steps,
         greedy_head=greedy_head,
         long_call_attention=long_call_attention,
+        batch_rows=batch_rows,
         command=" ".join(["specdec"] + sys.argv[1:]),
     )
     run_export(config, progress)

@@ -36,11 +36,12 @@ from specdec.exporter.staging import check_output_path, staged_folder
 from specdec.exporter.tokenizer_check import check_tokenizers_compatible
 from specdec.exporter.quantize import DRAFT_ACCURACY_LEVEL, WEIGHT_CHOICES, quantize_graph, target_precision
 from specdec.exporter.validate import (DEFAULT_ATOL, MIN_GREEDY_AGREEMENT, VALIDATION_PROMPTS, greedy_head_check,
-                                      step_call_difference, validate_graph)
+                                      ragged_rows_difference, step_call_difference, validate_graph)
 from specdec.exporter.agreement import AGREEMENT_FLOOR, float_answers, teacher_forced_agreement
 from specdec.exporter.attention_rows import ATTENTION_PAD_ROWS, pad_attention_file
 from specdec.exporter.greedy_head import FOLDER as GREEDY_HEAD_FOLDER, write_greedy_head
 from specdec.exporter.long_call_attention import LONG_CALL_NAME, add_long_call_attention_file
+from specdec.exporter.ragged_rows import ROW_TOKENS_NAME, write_ragged_graph
 from specdec.runtime.session import ModelSession
 
 QUANTIZED_DRAFTS = ("int8", "int4")
@@ -73,6 +74,9 @@ class ExportConfig:
     # fp32 shared-KV graphs: each attention in an If choosing onnxruntime's causal kernel for long calls
     # (specdec/exporter/long_call_attention.py); off: one kernel, no If for steps to pay
     long_call_attention: bool = True
+    # fp32 shared-KV targets: a second graph taking this many sequences of any token counts in one call, so
+    # the batch engine verifies several requests' drafts together (specdec/exporter/ragged_rows.py); 0: none
+    batch_rows: int = 8
     revision: str | None = None
     command: str | None = None  # the command line, recorded in provenance
     library_versions: dict[str, str] = field(default_factory=dict)
@@ -97,6 +101,8 @@ def check_config(config: ExportConfig) -> ExportConfig:
     if config.exact_steps and not (config.optimize and config.shared_kv):
         raise ExportError("--exact-steps rewrites the shared KV buffer's attention: "
                           "drop --no-optimize / --no-shared-kv")
+    if config.batch_rows < 0 or config.batch_rows == 1:
+        raise ExportError(f"--batch-rows must be 0 (none) or at least 2, got {config.batch_rows}")
     if config.draft and config.draft.startswith("quantized:") and \
             config.draft.split(":", 1)[1] not in QUANTIZED_DRAFTS:
         raise ExportError(f"--draft {config.draft}: expected quantized:int8 or quantized:int4")
@@ -185,13 +191,27 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         progress(f"{role}: converting the graph to fp16")
         optimization["half_precision"] = convert_graph_to_fp16(folder / layout.files[0])
         layout = reread_kv_dtype_and_files(folder / layout.files[0], layout)
+    ragged_file = None
+    # fp32 float weights only: a quantized MatMul rounds a row differently by the call's row count
+    if role == "target" and config.batch_rows and shared and not config.weights and not convert_to_fp16:
+        try:
+            ragged_path, layers = write_ragged_graph(folder / layout.files[0], config.batch_rows, SEQLENS_NAME)
+        except ValueError as err:
+            progress(f"{role}: no ragged-rows graph ({err}); the batch engine verifies each request alone")
+        else:
+            progress(f"{role}: a ragged-rows graph for the batch engine ({config.batch_rows} sequences per call, "
+                     "drafts included)")
+            layout = reread_kv_dtype_and_files(folder / layout.files[0], layout)  # the weights moved to a data file
+            ragged_file = f"{role}/{ragged_path.name}"
+            optimization["ragged_rows"] = {"rows": config.batch_rows, "layers": layers,
+                                           "sha256_after": sha256_of_file(folder / layout.files[0])}
     kv_heads, head_dim = arch.num_kv_heads(loaded.config), arch.head_dim(loaded.config)
     files = [f"{role}/{name}" for name in layout.files]
     kv_slice_file = None  # a shared buffer rolls back by its length: nothing to crop
     if not shared:
         kv_slice = write_kv_slice_graph(folder / "kv_slice.onnx", 2 * num_layers, kv_heads, head_dim, layout.kv_dtype)
         kv_slice_file = f"{role}/{kv_slice.name}"
-    hashed = files + ([kv_slice_file] if kv_slice_file else []) + \
+    hashed = files + ([kv_slice_file] if kv_slice_file else []) + ([ragged_file] if ragged_file else []) + \
         ([head_record[key] for key in ("weights", "norms")] if head_record else [])
     return GraphSpec(
         role=role,
@@ -224,6 +244,9 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         attention_pad_rows=pad_rows,
         greedy_head=head_record,
         long_call_name=LONG_CALL_NAME if LONG_CALL_NAME in inputs else None,
+        ragged_file=ragged_file,
+        ragged_rows=config.batch_rows if ragged_file else 0,
+        row_tokens_name=ROW_TOKENS_NAME if ragged_file else None,
     )
 
 
@@ -357,6 +380,13 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
         if target_spec.attention_pad_rows and drift != 0.0:
             raise ExportError(f"target graph: 1-token steps and verify calls still differ by {drift:.3g} in logits "
                               "after the attention pad; speculative greedy output would not be exact")
+        if target_spec.ragged_file:
+            ragged_diff = ragged_rows_difference(checked, prompts)
+            validation["target"]["ragged_rows_max_diff"] = ragged_diff
+            progress(f"target: ragged-rows graph against batch-1 calls: max |logit diff| {ragged_diff:.2e}")
+            if ragged_diff != 0.0:
+                raise ExportError(f"target graph: the ragged-rows graph differs from batch-1 calls by {ragged_diff:.3g} "
+                                  "in logits; export with --batch-rows 0")
         if target_spec.greedy_head:
             check = greedy_head_check(checked, prompts)
             validation["target"]["greedy_head"] = check

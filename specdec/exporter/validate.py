@@ -149,6 +149,34 @@ def step_call_difference(session: ModelSession, prompts: list[list[int]], steps:
     return worst
 
 
+def ragged_rows_difference(session: ModelSession, prompts: list[list[int]]) -> float:
+    """Return the max |logit difference| between one call of the ragged-rows graph and the same rows scored
+    by batch-1 calls of the plain graph (0 is what the batch engine's exactness rests on).
+
+    Row r of the graph gets a prompt (cycling through `prompts`) prefilled into its own KV slot, then
+    1 + r % 5 new tokens in the one ragged call; each row's caches are rolled back and the same tokens
+    scored alone.
+    """
+    from specdec.runtime.slots import SlotArena
+
+    rows = session.spec.ragged_rows
+    capacity = max(len(ids) for ids in prompts) + 16
+    arena = SlotArena(session, rows, capacity)
+    caches = [arena.take() for _ in range(rows)]
+    for row, cache in enumerate(caches):
+        session.forward(cache, prompts[row % len(prompts)], logits_rows=1)
+    lengths = [cache.length for cache in caches]
+    vocab = session.spec.vocab_size
+    new = [[(31 * row + 7 * j + 1) % vocab for j in range(1 + row % 5)] for row in range(rows)]
+    together = session.forward_ragged(arena.ragged_binding(), caches, new, lengths)
+    worst = 0.0
+    for row, cache in enumerate(caches):
+        cache.rollback(lengths[row])
+        alone = session.forward(cache, new[row], logits_rows=len(new[row]))
+        worst = max(worst, float(np.abs(alone - together[row]).max()))
+    return worst
+
+
 def greedy_head_check(session: ModelSession, prompts: list[list[int]]) -> dict[str, Any]:
     """Return how the artifact's 8-bit greedy head did on every position of `prompts`, against the fp32 head.
 

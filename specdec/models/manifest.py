@@ -117,6 +117,13 @@ class GraphSpec:
     # kept rows from this index on, so a hidden-state call (every row kept, for the features) computes
     # only the logits asked for. None: the head reads every kept row (or greedy_head's inputs do this).
     head_row_start_name: str | None = None
+    # The batch engine's graph (specdec/exporter/ragged_rows.py): ragged_rows sequences of any token
+    # counts in one call, flattened along the tokens and split per row by the int64 [rows] input
+    # row_tokens_name; each row's KV is its own input/output (`<past name>.<row>`). Listed in sha256.
+    # None: the batch engine verifies drafts in batch-1 calls.
+    ragged_file: str | None = None
+    ragged_rows: int = 0
+    row_tokens_name: str | None = None
 
     @property
     def kv_capacity_limit(self) -> int:
@@ -319,6 +326,9 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
         greedy_head=_get(data, "greedy_head", (dict,), where, True),
         long_call_name=s("long_call_name", True),
         head_row_start_name=s("head_row_start_name", True),
+        ragged_file=s("ragged_file", True),
+        ragged_rows=_get(data, "ragged_rows", (int,), where, True) or 0,
+        row_tokens_name=s("row_tokens_name", True),
     )
     if not spec.files:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")

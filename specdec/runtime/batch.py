@@ -3,9 +3,11 @@
 Requests are submitted, streamed and cancelled from any thread (`BatchEngine.stream`, the same
 GenerationStream as `Engine.stream`). Each step, every running request is planned, drafted and
 committed by the loop's own steps (specdec/runtime/loop.py); between them the scheduler makes ONE
-batched target call over every request that decodes a single token, and one batch-1 verify call
-per request that speculates (batch_plan.py chooses which, from measured call costs). New requests
-are admitted between steps, each prefilled into its own KV slot (slots.py).
+target call: the batched decode call when no row speculates, else one call of the artifact's
+ragged-rows graph over every row's last token and drafts (specdec/exporter/ragged_rows.py). An
+artifact without that graph verifies each speculating request in a batch-1 call of its own.
+batch_plan.py chooses which requests speculate, from measured call costs. New requests are
+admitted between steps, each prefilled into its own KV slot (slots.py).
 
     from specdec.runtime import BatchEngine, Engine, GenerationConfig
     batch = BatchEngine(Engine.load("artifacts/smollm2"), max_batch=8)
@@ -23,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from specdec.models.errors import GenerationError
-from specdec.runtime.batch_plan import BatchCallCosts, DraftCandidate, choose_speculating
+from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, choose_speculating,
+                                        choose_speculating_ragged)
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
 from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
@@ -90,6 +93,9 @@ class BatchEngine:
         self.arena = SlotArena(engine.target, max_batch, kv_capacity)
         self.batch_costs = BatchCallCosts()
         self.verify_costs = BatchCallCosts()  # a speculating request's drafting + batch-1 verify call, by tokens
+        self.ragged_costs = BatchCallCosts()  # one ragged-rows call (every slot's row), by tokens
+        self._ragged_shapes: set[int] = set()
+        self.ragged_calls = 0  # steps whose verify rows shared one ragged-rows call
         self.on_step = on_step  # called with the rows of every batched call (a metrics histogram)
         # Reuse the KV a finished request left in its slot for a prompt that starts the same way (a chat's
         # history, a shared system prompt). Off by default: the reused positions were computed in calls of
@@ -142,6 +148,17 @@ class BatchEngine:
                                      self.arena.parked_position, greedy=True)
                 times.append(time.perf_counter() - start)
             self.batch_costs.observe(rows, min(times[1:]))
+        if self.arena.ragged:
+            slots = self.max_batch
+            for per_row in (1, 3, 5):
+                times = []
+                for _ in range(repeats + 1):
+                    start = time.perf_counter()
+                    target.forward_ragged(self.arena.ragged_binding(), [None] * slots, [[0] * per_row] * slots,
+                                          [0] * slots)
+                    times.append(time.perf_counter() - start)
+                self.ragged_costs.observe(slots * per_row, min(times[1:]))
+                self._ragged_shapes.add(slots * per_row)
         return self.batch_costs.table()
 
     def generate(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig()):
@@ -244,6 +261,10 @@ class BatchEngine:
         plans = [plan(r.opened.state) for r in running]
         ks = self._draft_lengths(running, plans)
         proposals = [draft(r.opened.state, k) for r, k in zip(running, ks)]
+        if len(running) > 1 and any(p.tokens for p in proposals) and self.arena.ragged:
+            self._guarded_all(running, lambda: self._ragged_call(running, plans, proposals))
+            self._running = [r for r in running if not self._ended(r)]
+            return
         plain = [i for i, p in enumerate(proposals) if not p.tokens]
         if plain:
             self._guarded_all([running[i] for i in plain], lambda: self._batched_call(running, plans, proposals, plain))
@@ -275,6 +296,39 @@ class BatchEngine:
             self._guarded(request, lambda r, i=i: self._deliver(r, commit(
                 r.opened.state, r.cache, plans[i][0], proposals[i], logits[r.cache.slot][None, :], shared)))
 
+    def _ragged_call(self, running, plans, proposals) -> None:
+        """Score every running request's last token and drafts in ONE ragged-rows call, then commit each."""
+        index = {r.cache.slot: i for i, r in enumerate(running)}
+        rows, caches, lengths = [], [], []
+        for slot in range(self.max_batch):
+            i = index.get(slot)
+            if i is None:  # the graph has a row per slot: a free slot's row writes past what it keeps
+                rows.append([0])
+                caches.append(None)
+                lengths.append(self.arena.idle_length(slot))
+            else:
+                request = running[i]
+                rows.append([request.opened.state.context[-1]] + proposals[i].tokens)
+                caches.append(request.cache)
+                lengths.append(request.cache.length)
+        start = time.perf_counter()
+        logits = self.engine.target.forward_ragged(self.arena.ragged_binding(), caches, rows, lengths)
+        seconds = time.perf_counter() - start
+        self.ragged_calls += 1
+        tokens = sum(len(row) for row in rows)
+        if tokens in self._ragged_shapes:  # a shape's first call also plans its buffers: not its cost
+            self.ragged_costs.observe(tokens, seconds)
+        self._ragged_shapes.add(tokens)
+        if self.on_step is not None:
+            self.on_step(len(running))
+        for slot, i in index.items():
+            request = running[i]
+            request.cache.run_seconds += seconds * len(rows[slot]) / tokens
+            request.cache.run_calls += 1
+            # A shared call is not a batch-1 call: auto's t(n) does not learn from it (target_seconds 0).
+            self._guarded(request, lambda r, i=i, slot=slot: self._deliver(r, commit(
+                r.opened.state, r.cache, plans[i][0], proposals[i], logits[slot], 0.0)))
+
     def _verify(self, request: _Request, situation: str | None, proposal) -> None:
         state = request.opened.state
         drafting = state.draft_seconds
@@ -305,8 +359,12 @@ class BatchEngine:
             # Measured here (drafting included) once timed; before, the 1-row call scaled by auto's t(n).
             return verify.get(tokens) or one_row * costs.relative(tokens)
 
-        chosen = choose_speculating(candidates, len(running) - len(candidates), self.batch_costs.seconds,
-                                    verify_seconds)
+        plain_rows = len(running) - len(candidates)
+        if self.arena.ragged:
+            chosen = choose_speculating_ragged(candidates, plain_rows, self.max_batch - len(running),
+                                               self.batch_costs.seconds, self.ragged_costs.seconds)
+        else:
+            chosen = choose_speculating(candidates, plain_rows, self.batch_costs.seconds, verify_seconds)
         for i, keep in zip(where, chosen):
             if not keep:
                 ks[i] = 0

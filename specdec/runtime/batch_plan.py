@@ -1,5 +1,9 @@
 """Which requests of a batch step speculate: Theorem 3.8 extended to a batch, over measured call costs.
 
+Two call shapes: with the artifact's ragged-rows graph, verify rows join one call with the plain rows
+(`choose_speculating_ragged`); without it, each speculating request has a call of its own
+(`choose_speculating`, below).
+
 A step makes one batched call over every request that decodes plainly (one token each, t_b(n)
 for n rows) plus one verify call per request that speculates (t_v(k + 1): onnxruntime's
 GroupQueryAttention takes several new tokens per call at batch 1 only, docs/DESIGN.md). Moving
@@ -50,6 +54,36 @@ def choose_speculating(candidates: list[DraftCandidate], plain_rows: int, batch_
             chosen[i] = True
             tokens, seconds, rows = tokens + gained, seconds + added, rows - 1
     return chosen
+
+
+def choose_speculating_ragged(candidates: list[DraftCandidate], plain_rows: int, filler_tokens: int,
+                              batch_seconds: Callable[[int], float],
+                              ragged_seconds: Callable[[int], float]) -> list[bool]:
+    """Return, per candidate, whether it speculates this step when verify rows share one ragged call.
+
+    With no drafts the step is the batched decode call over its rows, batch_seconds(rows); with any, one
+    ragged-rows call over every token of the step (each row's 1 + k, plus `filler_tokens` for the graph's
+    idle rows), ragged_seconds(tokens). Candidates are ranked by expected extra tokens per drafted token;
+    every prefix of that order is scored (the first speculating row changes the call, so a greedy
+    one-at-a-time test would stop short) and the best tokens per second wins.
+    """
+    fixed = [i for i, c in enumerate(candidates) if not c.adjustable]
+    order = sorted((i for i, c in enumerate(candidates) if c.adjustable),
+                   key=lambda i: -(expected_tokens_per_iteration(candidates[i].alpha, candidates[i].k) - 1)
+                   / candidates[i].k)
+    rows = plain_rows + len(candidates)
+    best, best_rate = 0, -1.0
+    for m in range(len(order) + 1):
+        speculating = fixed + order[:m]
+        drafted = sum(candidates[i].k for i in speculating)
+        tokens = rows + sum(expected_tokens_per_iteration(candidates[i].alpha, candidates[i].k) - 1
+                            for i in speculating)
+        seconds = ragged_seconds(rows + drafted + filler_tokens) if speculating else batch_seconds(rows)
+        rate = tokens / max(seconds, 1e-9)
+        if rate > best_rate:
+            best, best_rate = m, rate
+    chosen = {*fixed, *order[:best]}
+    return [i in chosen for i in range(len(candidates))]
 
 
 @dataclass

@@ -155,6 +155,9 @@ class ModelSession:
         folder = Path(artifact_dir)
         self.spec = spec
         self.session, self.device = create_session(str(folder / spec.graph_file), provider, threads, spin)
+        self._ragged_source = (folder / spec.ragged_file, provider, threads, spin) if spec.ragged_file else None
+        self._ragged: ort.InferenceSession | None = None
+        self._ragged_logits: np.ndarray | None = None
         check_kv_buffer_device(spec, self.device)
         self.shared_kv = spec.kv_buffer == "shared"
         self.slicer: KVSlicer | None = None
@@ -191,6 +194,57 @@ class ModelSession:
             return False
         shape = next(i.shape for i in self.session.get_inputs() if i.name == self.spec.seqlens_name)
         return not isinstance(shape[0], int) and self.spec.min_rows == 1 and self.spec.attention_pad_rows == 0
+
+    def ragged_session(self) -> ort.InferenceSession | None:
+        """Return the session of the graph's ragged-rows form (loaded on first use: it holds its own copy of the
+        weights), or None when the artifact has none or this session is not on the CPU."""
+        if self._ragged is None and self._ragged_source is not None and self.device == "cpu":
+            path, provider, threads, spin = self._ragged_source
+            self._ragged, _ = create_session(str(path), provider, threads, spin)
+        return self._ragged
+
+    def forward_ragged(self, call: CallBinding, caches: list[KVCache], rows: list[list[int]],
+                       past_lengths: list[int]) -> list[np.ndarray]:
+        """Run ONE call of the ragged-rows graph: row r feeds rows[r] after past_lengths[r] positions of KV slot
+        r (bound in `call`); return each row's logits [len(rows[r]), vocab] (a row of its own batch-1 call's).
+
+        caches[r] is row r's request cache (its tokens are appended), or None for a row that only fills the
+        graph's fixed row count: its one token lands past whatever its slot holds.
+        """
+        spec = self.spec
+        counts = np.array([len(r) for r in rows], dtype=np.int64)
+        lengths = np.asarray(past_lengths, dtype=np.int64)
+        if counts.min() < 1 or len(rows) != spec.ragged_rows:
+            raise ValueError(f"the ragged graph takes {spec.ragged_rows} rows of at least one token each")
+        for cache, row in zip(caches, rows):
+            if cache is not None:
+                cache.reserve(cache.length + len(row))
+        total = int(counts.sum())
+        io = call.io
+        io.bind_cpu_input(spec.input_ids_name, np.concatenate([np.asarray(r, np.int64) for r in rows])[None, :])
+        if spec.position_ids_name:
+            positions = np.concatenate([np.arange(past, past + n) for past, n in zip(lengths, counts)])
+            io.bind_cpu_input(spec.position_ids_name, positions[None, :].astype(np.int64))
+        io.bind_cpu_input(spec.seqlens_name, (lengths + counts - 1).astype(np.int32))
+        # Never equal to a row's own count while it has a past: the op would read the call as a prompt.
+        io.bind_cpu_input(spec.total_length_name, np.array((lengths + counts).max(), dtype=np.int32))
+        io.bind_cpu_input(spec.row_tokens_name, counts)
+        _bind_head_rows(io, spec, RowPlan(0, total, total, 0, slice(0, total), slice(0, total)), False)
+        if spec.long_call_name:
+            io.bind_cpu_input(spec.long_call_name, _LONG_CALL[False])
+        width = spec.vocab_size
+        if self._ragged_logits is None or self._ragged_logits.shape[0] < total:
+            self._ragged_logits = np.empty((max(total, 4 * len(rows)), width), dtype=np.float32)
+        # One buffer for every call's shape: onnxruntime writes the first `total` rows of it.
+        io.bind_output(spec.logits_name, "cpu", 0, np.float32, [1, total, width], self._ragged_logits.ctypes.data)
+        self.ragged_session().run_with_iobinding(io)
+        logits, start = [], 0
+        for cache, row in zip(caches, rows):
+            logits.append(np.array(self._ragged_logits[start:start + len(row), : self.vocab_limit]))
+            start += len(row)
+            if cache is not None:
+                cache.append(cache.tensors, row)
+        return logits
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """Return an empty cache (length 0) on this session's device.

@@ -72,6 +72,7 @@ class SlotArena:
         for slot, cache in enumerate(self._caches):
             cache.slot = slot
         self._prefix_bindings: dict[tuple[int, bool], CallBinding] = {}
+        self._ragged_binding: CallBinding | None = None
         self._free = list(range(slots))
         self._releases = 0
         self._lock = threading.Lock()
@@ -140,6 +141,33 @@ class SlotArena:
             tensors = [ort.OrtValue.ortvalue_from_numpy(b[:rows]) for b in self.buffers]
             call.bind_cache(session._past_names, session._present_names, tensors)
         return call
+
+
+    @property
+    def ragged(self) -> bool:
+        """Return whether one call can take every slot's row with any token count (the ragged-rows graph)."""
+        spec = self.session.spec
+        return spec.ragged_rows == self.slots and self.session.ragged_session() is not None
+
+    def ragged_binding(self) -> CallBinding:
+        """Return the reusable binding of the ragged-rows graph: row r's KV bound to slot r, once for all calls."""
+        if self._ragged_binding is None:
+            session = self.session
+            call = CallBinding(session.ragged_session().io_binding())
+            rows = range(self.slots)
+            call.bind_cache([f"{name}.{r}" for r in rows for name in session._past_names],
+                            [f"{name}.{r}" for r in rows for name in session._present_names],
+                            [tensor for r in rows for tensor in self._caches[r].tensors])
+            self._ragged_binding = call
+        return self._ragged_binding
+
+    def idle_length(self, slot: int) -> int:
+        """Return where a free slot's filler row may write: past the prefix it keeps for the prefix cache."""
+        return min(len(self._caches[slot].kept_ids), self.parked_position)
+
+    def cache(self, slot: int) -> SlotCache:
+        """Return slot `slot`'s cache (held or free)."""
+        return self._caches[slot]
 
 
 def _common_prefix(kept: tuple[int, ...], prompt: list[int]) -> int:

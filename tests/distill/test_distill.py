@@ -240,7 +240,8 @@ def test_distill_writes_a_head_the_manifest_describes(distilled_artifact):
     assert record["data"]["self_written_turns_drafted"] == 0  # one chunk of 16 prompts: templates only
     assert manifest.validation["target_hidden"]["max_hidden_diff"] < 1e-3
     # Only the files the manifest names are left: the untapped graph is gone.
-    listed = set(manifest.tokenizer.files) | set(head.files) | {f for g in manifest.graphs() for f in g.files}
+    listed = set(manifest.tokenizer.files) | set(head.files) | {f for g in manifest.graphs() for f in g.files} | {
+        g.ragged_file for g in manifest.graphs() if g.ragged_file}
     on_disk = {str(p.relative_to(distilled_artifact)) for p in distilled_artifact.rglob("*") if p.is_file()}
     assert on_disk - listed == {"specdec.json"}
 
@@ -278,7 +279,7 @@ def test_distill_with_feature_layers_taps_them_and_records_them(distilled_layers
     assert record["data"]["feature_layers"] == [1] and record["data"]["prompts"] == 16 and record["steps"] == 3
     assert resumed.target.hidden_layers == [1] and resumed.target.graph_file.endswith("model.hidden-1.onnx")
     on_disk = {p.name for p in (art / "target").glob("*.onnx")}
-    assert on_disk == {"model.hidden-1.onnx"}, on_disk  # the earlier tapped graph is gone
+    assert on_disk == {"model.hidden-1.onnx", "ragged.onnx"}, on_disk  # the earlier tapped graph is gone
 
 
 def test_trained_head_beats_the_untrained_one(distilled_artifact):

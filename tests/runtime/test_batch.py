@@ -11,7 +11,7 @@ import pytest
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.batch import BatchEngine
-from specdec.runtime.batch_plan import BatchCallCosts, DraftCandidate, choose_speculating
+from specdec.runtime.batch_plan import BatchCallCosts, DraftCandidate, choose_speculating, choose_speculating_ragged
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
 
@@ -63,6 +63,8 @@ def test_greedy_under_load_equals_each_prompts_own_target_only_output(engine, cl
     assert [r.token_ids for r in results] == reference
     assert max(steps) >= 2, steps  # requests really shared calls
     assert sum(r.stats.accepted for r in results) > 0  # and some speculated
+    # 8 slots match the artifact's ragged-rows graph: verify rows shared the batched call; 4 slots verify alone
+    assert (batch.ragged_calls > 0) == (max_batch == engine.target.spec.ragged_rows), batch.ragged_calls
 
 
 def test_seeded_sampled_requests_reproduce_under_load(engine):
@@ -77,6 +79,7 @@ def test_seeded_sampled_requests_reproduce_under_load(engine):
     finally:
         batch.shutdown()
     assert loaded == alone
+    assert batch.ragged_calls > 0
 
 
 def test_sampled_distribution_under_batching_is_the_targets(engine):
@@ -101,7 +104,7 @@ def test_sampled_distribution_under_batching_is_the_targets(engine):
                 counts[drafter][tuple(stream.result.token_ids[:4])] += 1
     finally:
         batch.shutdown()
-    assert max(steps) >= 4
+    assert max(steps) >= 4 and batch.ragged_calls > 0
     for drafter, observed in counts.items():
         assert set(observed) <= set(exact), "sampled a sequence the target gives zero probability"
         chi2, critical = _chi_square(observed, exact, sum(observed.values()))
@@ -167,6 +170,20 @@ def test_a_batch_speculates_only_where_a_verify_call_gives_more_than_the_rows_it
                               verify) == [False, True]
     fixed = [DraftCandidate(3, 0.3, adjustable=False)]
     assert choose_speculating(fixed, 7, batch.__getitem__, verify) == [True]  # a K the user fixed is kept
+
+
+def test_with_ragged_rows_drafts_pay_by_the_tokens_they_add_to_the_one_call():
+    """SmolLM2's measured shape (CPU, 2 threads): a ragged call costs ~22 ms + 1.3 ms per token, the plain batched
+    call ~30 ms at 8 rows. At alpha 0.8 and K 4 (E = 3.36 tokens for 4 more) all eight rows speculate; at
+    alpha 0.2 none does; with two good and six poor rows only the good ones do (ranked by gain per token)."""
+    plain = lambda n: 0.0 if n == 0 else 0.019 + 0.0014 * n  # noqa: E731
+    ragged = lambda tokens: 0.022 + 0.0013 * tokens  # noqa: E731
+    assert choose_speculating_ragged([DraftCandidate(4, 0.8)] * 8, 0, 0, plain, ragged) == [True] * 8
+    assert choose_speculating_ragged([DraftCandidate(4, 0.2)] * 8, 0, 0, plain, ragged) == [False] * 8
+    mixed = [DraftCandidate(4, 0.9)] * 2 + [DraftCandidate(4, 0.1)] * 6
+    assert choose_speculating_ragged(mixed, 0, 0, plain, ragged) == [True] * 2 + [False] * 6
+    # idle rows' filler tokens count against the call; a K the user fixed is kept even where it costs
+    assert choose_speculating_ragged([DraftCandidate(2, 0.05, adjustable=False)], 7, 0, plain, ragged) == [True]
 
 
 def test_batch_call_costs_interpolate_between_timed_row_counts():

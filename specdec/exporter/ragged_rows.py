@@ -1,0 +1,113 @@
+"""A second target graph for the batch engine: R sequences of any token counts in ONE call.
+
+onnxruntime's CPU GroupQueryAttention refuses batch > 1 with several new tokens and a past, so a
+batch that verifies drafts cannot be one batched call of the plain graph. This graph flattens the
+call's tokens into one sequence axis ([1, T]: every projection and MLP reads its weights once for
+all of them) and splits it per row before attention: each layer's GroupQueryAttention becomes R
+batch-1 ones, row r taking its `row_tokens[r]` tokens, its own past length (`seqlens_k[r]`) and its
+own KV slot, bound as inputs `<past name>.<r>` and written in place (outputs `<present name>.<r>`).
+Rows compute what batch-1 calls compute, bit for bit (docs/DESIGN.md, "Batched verification").
+Weights are shared with the plain graph through one external-data file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+RAGGED_FILE = "ragged.onnx"
+ROW_TOKENS_NAME = "row_tokens"  # int64 [R]: tokens of each row, in order along the flattened axis
+DATA_FILE = "model.onnx.data"
+
+
+def _attention(node: onnx.NodeProto) -> onnx.NodeProto | None:
+    """Return the GroupQueryAttention a top-level node is or wraps (the long-call If's short-call branch)."""
+    if node.op_type == "GroupQueryAttention":
+        return node
+    if node.op_type == "If":
+        branch = next(a.g for a in node.attribute if a.name == "else_branch")
+        return next((n for n in branch.node if n.op_type == "GroupQueryAttention"), None)
+    return None
+
+
+def ragged_graph(model: onnx.ModelProto, rows: int, seqlens_name: str) -> int:
+    """Rewrite a shared-KV GroupQueryAttention graph into its ragged-rows form (in place); return the layers.
+    Raise ValueError (the model untouched) for an attention the rewrite cannot split.
+
+    Each attention's q/k/v [1, T, ...] (packed or not) are split along the tokens by `row_tokens`; row r's op reads
+    `seqlens_k[r]` and its own past/present; the row outputs are concatenated back along the tokens.
+    """
+    graph = model.graph
+    for node in graph.node:  # refuse before changing anything
+        op = _attention(node)
+        if op is not None and any(list(op.input)[9:]):
+            raise ValueError(f"{op.name} has inputs past sin_cache ({', '.join(i for i in op.input[9:] if i)}), "
+                             "which the ragged rewrite does not split per row")
+    row_seqlens = [f"{seqlens_name}_row{r}" for r in range(rows)]
+    nodes = [helper.make_node("Split", [seqlens_name], row_seqlens, axis=0, num_outputs=rows, name="ragged_seqlens")]
+    layers = 0
+    for node in graph.node:
+        op = _attention(node)
+        if op is None:
+            nodes.append(node)
+            continue
+        inputs, outputs = list(op.input), list(node.output)
+        tag = f"ragged_{layers}"
+        split = {}  # q (or packed q/k/v), k and v where given: each split along the tokens, row by row
+        for index in (0, 1, 2):
+            if inputs[index]:
+                split[index] = [f"{tag}_in{index}_{r}" for r in range(rows)]
+                nodes.append(helper.make_node("Split", [inputs[index], ROW_TOKENS_NAME], split[index], axis=1,
+                                              name=f"{tag}_split{index}"))
+        for r in range(rows):
+            qkv = [split[index][r] if index in split else "" for index in (0, 1, 2)]
+            row = helper.make_node(
+                op.op_type, [*qkv, f"{inputs[3]}.{r}", f"{inputs[4]}.{r}", row_seqlens[r], *inputs[6:9]],
+                [f"{tag}_out{r}", f"{outputs[1]}.{r}", f"{outputs[2]}.{r}"], name=f"{tag}_row{r}", domain=op.domain)
+            row.attribute.extend(op.attribute)
+            nodes.append(row)
+        nodes.append(helper.make_node("Concat", [f"{tag}_out{r}" for r in range(rows)], [outputs[0]], axis=1,
+                                      name=f"{tag}_concat"))
+        layers += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    inputs = []
+    for value in graph.input:
+        if value.name.startswith("past_key_values."):
+            inputs += [_per_row(value, f"{value.name}.{r}") for r in range(rows)]
+        elif value.name == seqlens_name:
+            inputs.append(helper.make_tensor_value_info(seqlens_name, TensorProto.INT32, [rows]))
+        else:
+            inputs.append(value)
+    inputs.append(helper.make_tensor_value_info(ROW_TOKENS_NAME, TensorProto.INT64, [rows]))
+    outputs = []
+    for value in graph.output:
+        outputs += ([_per_row(value, f"{value.name}.{r}") for r in range(rows)] if value.name.startswith("present.")
+                    else [value])
+    del graph.input[:], graph.output[:]
+    graph.input.extend(inputs)
+    graph.output.extend(outputs)
+    return layers
+
+
+def _per_row(value: onnx.ValueInfoProto, name: str) -> onnx.ValueInfoProto:
+    dims = value.type.tensor_type.shape.dim
+    shape = [1, dims[1].dim_value or dims[1].dim_param, "capacity", dims[3].dim_value or dims[3].dim_param]
+    return helper.make_tensor_value_info(name, value.type.tensor_type.elem_type, shape)
+
+
+def write_ragged_graph(graph_path: Path, rows: int, seqlens_name: str) -> tuple[Path, int]:
+    """Move the graph's weights into one external-data file and write its ragged-rows form beside it, sharing
+    them; return (the ragged graph, layers rewritten). Raise ValueError, the graph untouched, where an
+    attention cannot be split per row."""
+    structure = onnx.load(str(graph_path), load_external_data=False)
+    ragged_graph(structure, rows, seqlens_name)  # raises here, before any file changes
+    model = onnx.load(str(graph_path))
+    onnx.save_model(model, str(graph_path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=DATA_FILE, size_threshold=1024)  # the proto now points at the file, no copies
+    layers = ragged_graph(model, rows, seqlens_name)
+    ragged = graph_path.with_name(RAGGED_FILE)
+    onnx.save(model, str(ragged))
+    return ragged, layers

@@ -1,0 +1,44 @@
+"""The ragged-rows graph: written beside the plain one (weights shared), validated to the bit, skipped where
+the batch engine cannot use it."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from specdec.exporter.pipeline import ExportConfig, run_export
+from specdec.models.errors import ExportError
+from specdec.models.manifest import load_manifest
+
+
+def test_a_default_export_has_a_ragged_graph_equal_to_batch_1_calls(tiny_artifacts):
+    folder = tiny_artifacts["llama"]
+    manifest = load_manifest(folder)  # every file present, sha256 checked
+    target = manifest.target
+    assert target.ragged_file == "target/ragged.onnx" and target.ragged_rows == 8
+    assert "target/model.onnx.data" in target.files and target.ragged_file in target.sha256
+    assert manifest.validation["target"]["ragged_rows_max_diff"] == 0.0
+    ragged = onnx.load(str(folder / target.ragged_file), load_external_data=False)
+    plain = onnx.load(str(folder / target.graph_file), load_external_data=False)
+    # one data file holds the weights for both graphs
+    locations = {entry.value for graph in (ragged, plain) for tensor in graph.graph.initializer
+                 for entry in tensor.external_data if entry.key == "location"}
+    assert locations == {"model.onnx.data"}
+    attention = [n for n in ragged.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == 8 * target.num_layers
+    assert manifest.draft is not None and manifest.draft.ragged_file is None  # drafts are not batched yet
+
+
+def test_batch_rows_zero_and_int4_targets_have_none(tiny_sources, tmp_path):
+    target, _ = tiny_sources["llama"]
+    for flags in (dict(batch_rows=0), dict(weights="int4", min_agreement=0.0)):  # a random tiny model: no floor
+        manifest = run_export(ExportConfig(target=str(target), draft=None, output=tmp_path / str(flags), **flags),
+                              progress=lambda m: None)
+        assert manifest.target.ragged_file is None and manifest.target.ragged_rows == 0
+
+
+def test_one_row_is_refused():
+    with pytest.raises(ExportError, match="batch-rows"):
+        from specdec.exporter.pipeline import check_config
+
+        check_config(ExportConfig(target="x", draft=None, output="/tmp/never", batch_rows=1))
