@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from specdec.models.errors import GenerationError
-from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, choose_speculating,
-                                        choose_speculating_ragged)
+from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, choose_draft_lengths_ragged,
+                                        choose_speculating)
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
 from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
@@ -36,6 +36,7 @@ from specdec.runtime.slots import SlotArena, SlotCache
 DEFAULT_MAX_BATCH = 8
 DEFAULT_KV_CAPACITY = 1024  # positions per slot
 _CALIBRATION_ROWS = (1, 2, 4, 8, 16)
+CALIBRATION_PAST = 256  # positions each row of a timed ragged call attends over
 
 
 @dataclass
@@ -96,7 +97,7 @@ class BatchEngine:
         self.ragged_costs = BatchCallCosts()  # one ragged-rows call (every slot's row), by tokens
         self._ragged_shapes: set[int] = set()
         self.ragged_calls = 0  # steps whose verify rows shared one ragged-rows call
-        self.on_step = on_step  # called with the rows of every batched call (a metrics histogram)
+        self.on_step = on_step  # called with the requests of every batched call (a metrics histogram)
         # Reuse the KV a finished request left in its slot for a prompt that starts the same way (a chat's
         # history, a shared system prompt). Off by default: the reused positions were computed in calls of
         # another shape, so a logit may round differently at the last bit and flip a near-tie argmax.
@@ -135,17 +136,19 @@ class BatchEngine:
         return self.arena.positions_used / (self.arena.slots * self.arena.capacity)
 
     def time_batch_calls(self, repeats: int = 3) -> dict[int, float]:
-        """Time batched calls over 1, 2, 4, ... rows (every row parked) before any request; return seconds by rows.
+        """Time batched calls over 1, 2, 4, ... rows, and ragged-rows calls over 1, 3 and 5 tokens a row (every
+        row idle, attending over CALIBRATION_PAST positions) before any request; return seconds by rows.
 
         Call before submitting: the scheduler must not run beside it.
         """
         target = self.engine.target
+        past = min(CALIBRATION_PAST, self.arena.parked_position - 8)  # every row attends over a typical context
         for rows in (r for r in _CALIBRATION_ROWS if r <= self.max_batch):
             times = []
             for _ in range(repeats + 1):  # the first call of a shape also binds its buffers
                 start = time.perf_counter()
                 target.forward_batch(lambda head, n=rows: self.arena.binding(n, head), [None] * rows, [0] * rows,
-                                     self.arena.parked_position, greedy=True)
+                                     [past] * rows, self.arena.parked_position, greedy=False)
                 times.append(time.perf_counter() - start)
             self.batch_costs.observe(rows, min(times[1:]))
         if self.arena.ragged:
@@ -155,7 +158,7 @@ class BatchEngine:
                 for _ in range(repeats + 1):
                     start = time.perf_counter()
                     target.forward_ragged(self.arena.ragged_binding(), [None] * slots, [[0] * per_row] * slots,
-                                          [0] * slots)
+                                          [past] * slots)
                     times.append(time.perf_counter() - start)
                 self.ragged_costs.observe(slots * per_row, min(times[1:]))
                 self._ragged_shapes.add(slots * per_row)
@@ -261,7 +264,7 @@ class BatchEngine:
         plans = [plan(r.opened.state) for r in running]
         ks = self._draft_lengths(running, plans)
         proposals = [draft(r.opened.state, k) for r, k in zip(running, ks)]
-        if len(running) > 1 and any(p.tokens for p in proposals) and self.arena.ragged:
+        if self._ragged_mode(running) and (self._plain_steps_ragged() or any(p.tokens for p in proposals)):
             self._guarded_all(running, lambda: self._ragged_call(running, plans, proposals))
             self._running = [r for r in running if not self._ended(r)]
             return
@@ -281,8 +284,9 @@ class BatchEngine:
         tokens = [by_slot[s].opened.state.context[-1] if s in by_slot else 0 for s in range(span)]
         greedy = all(s.request.sampling.raw_argmax for s in states)
         start = time.perf_counter()
+        parked = [self.arena.idle_length(s) for s in range(span)]  # where a row not decoding writes
         logits = self.engine.target.forward_batch(lambda head: self.arena.binding(span, head), caches, tokens,
-                                                  self.arena.parked_position, greedy)
+                                                  parked, self.arena.parked_position, greedy)
         seconds = time.perf_counter() - start
         self.batch_costs.observe(len(plain), seconds)
         if self.on_step is not None:
@@ -295,6 +299,19 @@ class BatchEngine:
             shared = seconds if len(plain) == 1 else 0.0
             self._guarded(request, lambda r, i=i: self._deliver(r, commit(
                 r.opened.state, r.cache, plans[i][0], proposals[i], logits[r.cache.slot][None, :], shared)))
+
+    def _ragged_mode(self, running: list[_Request]) -> bool:
+        """Return whether drafts this step would share a ragged-rows call: several requests run, one drafts."""
+        return len(running) > 1 and self.arena.ragged and any(r.opened.state.drafting for r in running)
+
+    def _plain_steps_ragged(self) -> bool:
+        """Return whether a step without drafts also takes the ragged-rows graph (in ragged mode).
+
+        On per-session thread pools it does (8 x 1 tokens cost ~6% more than the batched decode call):
+        two sessions taking turns would each spin its threads through the other's calls. On one shared
+        pool (Engine.load(shared_threads=True), as `specdec serve` loads) it takes the batched decode call.
+        """
+        return not self.engine.shared_pool
 
     def _ragged_call(self, running, plans, proposals) -> None:
         """Score every running request's last token and drafts in ONE ragged-rows call, then commit each."""
@@ -311,8 +328,9 @@ class BatchEngine:
                 rows.append([request.opened.state.context[-1]] + proposals[i].tokens)
                 caches.append(request.cache)
                 lengths.append(request.cache.length)
+        greedy = all(r.opened.state.request.sampling.raw_argmax for r in running)
         start = time.perf_counter()
-        logits = self.engine.target.forward_ragged(self.arena.ragged_binding(), caches, rows, lengths)
+        logits = self.engine.target.forward_ragged(self.arena.ragged_binding(), caches, rows, lengths, greedy)
         seconds = time.perf_counter() - start
         self.ragged_calls += 1
         tokens = sum(len(row) for row in rows)
@@ -360,11 +378,16 @@ class BatchEngine:
             return verify.get(tokens) or one_row * costs.relative(tokens)
 
         plain_rows = len(running) - len(candidates)
-        if self.arena.ragged:
-            chosen = choose_speculating_ragged(candidates, plain_rows, self.max_batch - len(running),
-                                               self.batch_costs.seconds, self.ragged_costs.seconds)
-        else:
-            chosen = choose_speculating(candidates, plain_rows, self.batch_costs.seconds, verify_seconds)
+        if self._ragged_mode(running):
+            fillers = self.max_batch - len(running)
+            plain_step = ((lambda rows: self.ragged_costs.seconds(rows + fillers)) if self._plain_steps_ragged()
+                          else self.batch_costs.seconds)
+            lengths = choose_draft_lengths_ragged(candidates, plain_rows, fillers, plain_step,
+                                                  self.ragged_costs.seconds)
+            for i, k in zip(where, lengths):
+                ks[i] = k
+            return ks
+        chosen = choose_speculating(candidates, plain_rows, self.batch_costs.seconds, verify_seconds)
         for i, keep in zip(where, chosen):
             if not keep:
                 ks[i] = 0

@@ -1,7 +1,7 @@
 """Which requests of a batch step speculate: Theorem 3.8 extended to a batch, over measured call costs.
 
 Two call shapes: with the artifact's ragged-rows graph, verify rows join one call with the plain rows
-(`choose_speculating_ragged`); without it, each speculating request has a call of its own
+(`choose_draft_lengths_ragged`, which also shortens K); without it, each speculating request has a call of its own
 (`choose_speculating`, below).
 
 A step makes one batched call over every request that decodes plainly (one token each, t_b(n)
@@ -56,34 +56,37 @@ def choose_speculating(candidates: list[DraftCandidate], plain_rows: int, batch_
     return chosen
 
 
-def choose_speculating_ragged(candidates: list[DraftCandidate], plain_rows: int, filler_tokens: int,
-                              batch_seconds: Callable[[int], float],
-                              ragged_seconds: Callable[[int], float]) -> list[bool]:
-    """Return, per candidate, whether it speculates this step when verify rows share one ragged call.
+def choose_draft_lengths_ragged(candidates: list[DraftCandidate], plain_rows: int, filler_tokens: int,
+                                batch_seconds: Callable[[int], float],
+                                ragged_seconds: Callable[[int], float]) -> list[int]:
+    """Return each candidate's K this step (0: it decodes one token) when verify rows share one ragged call.
 
     With no drafts the step is the batched decode call over its rows, batch_seconds(rows); with any, one
     ragged-rows call over every token of the step (each row's 1 + k, plus `filler_tokens` for the graph's
-    idle rows), ragged_seconds(tokens). Candidates are ranked by expected extra tokens per drafted token;
-    every prefix of that order is scored (the first speculating row changes the call, so a greedy
-    one-at-a-time test would stop short) and the best tokens per second wins.
+    idle rows), ragged_seconds(tokens). A request's j-th draft adds alpha^j expected tokens (all j accepted)
+    for one more token in the call, so drafts are taken best first across requests, and every count of
+    them is scored (the first draft switches the call, so stopping at the first loss would stop short);
+    the most expected tokens per second wins. A K the user fixed (not adjustable) is kept whole.
     """
-    fixed = [i for i, c in enumerate(candidates) if not c.adjustable]
-    order = sorted((i for i, c in enumerate(candidates) if c.adjustable),
-                   key=lambda i: -(expected_tokens_per_iteration(candidates[i].alpha, candidates[i].k) - 1)
-                   / candidates[i].k)
     rows = plain_rows + len(candidates)
-    best, best_rate = 0, -1.0
-    for m in range(len(order) + 1):
-        speculating = fixed + order[:m]
-        drafted = sum(candidates[i].k for i in speculating)
-        tokens = rows + sum(expected_tokens_per_iteration(candidates[i].alpha, candidates[i].k) - 1
-                            for i in speculating)
-        seconds = ragged_seconds(rows + drafted + filler_tokens) if speculating else batch_seconds(rows)
-        rate = tokens / max(seconds, 1e-9)
+    fixed_tokens = sum(c.k for c in candidates if not c.adjustable)
+    fixed_gain = sum(expected_tokens_per_iteration(c.alpha, c.k) - 1 for c in candidates if not c.adjustable)
+    # (gain, candidate) per extra draft; within a request the gains fall with j, so a prefix keeps j in order
+    drafts = sorted(((c.alpha ** j, i) for i, c in enumerate(candidates) if c.adjustable
+                     for j in range(1, c.k + 1)), key=lambda d: -d[0])
+    best, best_rate, gain = 0, -1.0, fixed_gain
+    for count in range(len(drafts) + 1):
+        if count:
+            gain += drafts[count - 1][0]
+        drafted = fixed_tokens + count
+        seconds = ragged_seconds(rows + drafted + filler_tokens) if drafted else batch_seconds(rows)
+        rate = (rows + gain) / max(seconds, 1e-9)
         if rate > best_rate:
-            best, best_rate = m, rate
-    chosen = {*fixed, *order[:best]}
-    return [i in chosen for i in range(len(candidates))]
+            best, best_rate = count, rate
+    ks = [0 if c.adjustable else c.k for c in candidates]
+    for _, i in drafts[:best]:
+        ks[i] += 1
+    return ks
 
 
 @dataclass

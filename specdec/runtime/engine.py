@@ -62,7 +62,8 @@ class Engine:
         # A draft model (or head) and the target take turns: on one process-wide pool when asked
         # for, else the draft's threads must not busy-wait on the cores the target needs next
         # (docs/DESIGN.md, "Threads").
-        if shared_threads and (manifest.draft or manifest.feature_draft):
+        # The same for the target's two graphs under the batch engine (plain steps, ragged-rows steps).
+        if shared_threads and (manifest.draft or manifest.feature_draft or manifest.target.ragged_file):
             shared_pool(threads)
         self.shared_pool = shared_pool_threads()  # its size, if this process's sessions share one pool
         self.target = ModelSession(artifact_dir, manifest.target, provider, threads, vocab_limit=vocab)

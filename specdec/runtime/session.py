@@ -157,7 +157,7 @@ class ModelSession:
         self.session, self.device = create_session(str(folder / spec.graph_file), provider, threads, spin)
         self._ragged_source = (folder / spec.ragged_file, provider, threads, spin) if spec.ragged_file else None
         self._ragged: ort.InferenceSession | None = None
-        self._ragged_logits: np.ndarray | None = None
+        self._ragged_buffers: dict[str, np.ndarray] = {}  # forward_ragged's outputs, one buffer each
         check_kv_buffer_device(spec, self.device)
         self.shared_kv = spec.kv_buffer == "shared"
         self.slicer: KVSlicer | None = None
@@ -203,13 +203,14 @@ class ModelSession:
             self._ragged, _ = create_session(str(path), provider, threads, spin)
         return self._ragged
 
-    def forward_ragged(self, call: CallBinding, caches: list[KVCache], rows: list[list[int]],
-                       past_lengths: list[int]) -> list[np.ndarray]:
+    def forward_ragged(self, call: CallBinding, caches: list[KVCache | None], rows: list[list[int]],
+                       past_lengths: list[int], greedy: bool = False) -> list[np.ndarray]:
         """Run ONE call of the ragged-rows graph: row r feeds rows[r] after past_lengths[r] positions of KV slot
         r (bound in `call`); return each row's logits [len(rows[r]), vocab] (a row of its own batch-1 call's).
 
         caches[r] is row r's request cache (its tokens are appended), or None for a row that only fills the
-        graph's fixed row count: its one token lands past whatever its slot holds.
+        graph's fixed row count: its one token lands past whatever its slot holds. greedy: every row wants
+        only its argmax, so a short call may read the 8-bit LM head.
         """
         spec = self.spec
         counts = np.array([len(r) for r in rows], dtype=np.int64)
@@ -220,6 +221,7 @@ class ModelSession:
             if cache is not None:
                 cache.reserve(cache.length + len(row))
         total = int(counts.sum())
+        head = self.greedy_head if greedy and reads_greedy_head(spec, total) else None
         io = call.io
         io.bind_cpu_input(spec.input_ids_name, np.concatenate([np.asarray(r, np.int64) for r in rows])[None, :])
         if spec.position_ids_name:
@@ -229,22 +231,37 @@ class ModelSession:
         # Never equal to a row's own count while it has a past: the op would read the call as a prompt.
         io.bind_cpu_input(spec.total_length_name, np.array((lengths + counts).max(), dtype=np.int32))
         io.bind_cpu_input(spec.row_tokens_name, counts)
-        _bind_head_rows(io, spec, RowPlan(0, total, total, 0, slice(0, total), slice(0, total)), False)
+        _bind_head_rows(io, spec, RowPlan(0, total, total, 0, slice(0, total), slice(0, total)), head is not None)
         if spec.long_call_name:
             io.bind_cpu_input(spec.long_call_name, _LONG_CALL[False])
-        width = spec.vocab_size
-        if self._ragged_logits is None or self._ragged_logits.shape[0] < total:
-            self._ragged_logits = np.empty((max(total, 4 * len(rows)), width), dtype=np.float32)
-        # One buffer for every call's shape: onnxruntime writes the first `total` rows of it.
-        io.bind_output(spec.logits_name, "cpu", 0, np.float32, [1, total, width], self._ragged_logits.ctypes.data)
+        if head:
+            self._bind_ragged_output(io, spec.logits_name, 0, spec.vocab_size)
+            hidden = self._bind_ragged_output(io, spec.greedy_head["input_name"], total, head.weights.shape[1])
+            approx = self._bind_ragged_output(io, spec.greedy_head["approx_name"], total, spec.vocab_size)
+        else:
+            logits_rows = self._bind_ragged_output(io, spec.logits_name, total, spec.vocab_size)
+            if spec.greedy_head and self.greedy_head:  # the binding outlives the call: every output gets its shape
+                self._bind_ragged_output(io, spec.greedy_head["input_name"], total, self.greedy_head.weights.shape[1])
+                self._bind_ragged_output(io, spec.greedy_head["approx_name"], 0, spec.vocab_size)
         self.ragged_session().run_with_iobinding(io)
+        if head:
+            logits_rows = head.logits(hidden, np.ascontiguousarray(approx[:, : self.vocab_limit]))
         logits, start = [], 0
         for cache, row in zip(caches, rows):
-            logits.append(np.array(self._ragged_logits[start:start + len(row), : self.vocab_limit]))
+            logits.append(np.array(logits_rows[start:start + len(row), : self.vocab_limit]))
             start += len(row)
             if cache is not None:
                 cache.append(cache.tensors, row)
         return logits
+
+    def _bind_ragged_output(self, io: ort.IOBinding, name: str, rows: int, width: int) -> np.ndarray:
+        """Bind output `name` [1, rows, width] to the first rows of one float32 buffer kept for every call's
+        shape (onnxruntime writes into it); return that view."""
+        buffer = self._ragged_buffers.get(name)
+        if buffer is None or buffer.shape[0] < rows or buffer.shape[1] != width:
+            buffer = self._ragged_buffers[name] = np.empty((max(rows, 64), width), dtype=np.float32)
+        io.bind_output(name, "cpu", 0, np.float32, [1, rows, width], buffer.ctypes.data)
+        return buffer[:rows]
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """Return an empty cache (length 0) on this session's device.
@@ -392,22 +409,23 @@ class ModelSession:
         return (logits, states) if hidden else logits
 
     def forward_batch(self, binding_for: Callable[[bool], CallBinding], caches: list[KVCache | None],
-                      tokens: list[int], parked_position: int, greedy: bool) -> np.ndarray:
+                      tokens: list[int], parked_lengths: list[int], capacity: int, greedy: bool) -> np.ndarray:
         """Run ONE call over len(caches) sequences, one new token each; return logits [len(caches), vocab].
 
         binding_for(greedy_head) returns the call's binding, every KV tensor bound to rows
         0..len(caches)-1 of the slot arena (SlotArena.binding), row i being caches[i]'s. A None row is
-        parked: it writes a throwaway token at `parked_position`, a position no request reaches. Each
+        parked: it writes a throwaway token at parked_lengths[i], past whatever its slot keeps. Each
         row attends over its own length (seqlens_k per row), so its logits are those of a batch-1 step
-        over the same cache.
+        over the same cache. A sequence must stay below `capacity` positions.
         """
         spec = self.spec
         batch = len(caches)
         plan = plan_rows(spec, 0, 1, 1, hidden=False)  # the same rows for every sequence: one token, one logit row
         head = self.greedy_head if greedy and reads_greedy_head(spec, batch) else None
-        lengths = np.array([parked_position if c is None else c.length for c in caches], dtype=np.int64)
-        if any(c is not None and c.length >= parked_position for c in caches):
-            raise GenerationError(f"a sequence reached its slot's {parked_position} positions")
+        lengths = np.array([parked if c is None else c.length for c, parked in zip(caches, parked_lengths)],
+                           dtype=np.int64)
+        if any(c is not None and c.length >= capacity for c in caches):
+            raise GenerationError(f"a sequence reached its slot's {capacity} positions")
         call = binding_for(head is not None)
         binding = call.io
         binding.bind_cpu_input(spec.input_ids_name, np.asarray(tokens, dtype=np.int64)[:, None])

@@ -60,7 +60,8 @@ class SlotArena:
         spec = session.spec
         self.session = session
         self.slots = slots
-        # The last position of every slot is where a parked row writes its throwaway token.
+        # Requests stay below the last position (a check against the fixed capacity, kept from when parked rows
+        # wrote there; they now write just past what their slot holds: idle_length).
         self.capacity = min(capacity, spec.max_positions)
         self.parked_position = self.capacity - 1
         shape = (slots, spec.num_kv_heads, self.capacity, spec.head_dim)
@@ -162,8 +163,11 @@ class SlotArena:
         return self._ragged_binding
 
     def idle_length(self, slot: int) -> int:
-        """Return where a free slot's filler row may write: past the prefix it keeps for the prefix cache."""
-        return min(len(self._caches[slot].kept_ids), self.parked_position)
+        """Return where the row of a slot that is not decoding may write a throwaway token: past what the slot
+        holds (a running request's cache, or the prefix a free slot keeps for the prefix cache), so the row
+        attends over no more than that."""
+        cache = self._caches[slot]
+        return min(max(cache.length, len(cache.kept_ids)), self.parked_position)
 
     def cache(self, slot: int) -> SlotCache:
         """Return slot `slot`'s cache (held or free)."""

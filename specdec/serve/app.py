@@ -55,8 +55,9 @@ class ServerState:
 
     def load_engine(self) -> None:
         """Load the artifact, time `auto`'s call costs and the batched calls (blocking; call in a thread)."""
+        # Batching: the target's two graphs (plain steps, ragged-rows steps) take turns on one thread pool.
         engine = Engine.load(self.config.artifact, provider=self.config.provider,
-                             threads=self.config.engine_threads())
+                             threads=self.config.engine_threads(), shared_threads=self.config.max_batch > 1)
         engine.time_call_costs()  # before /health says ok, so that no request waits for it
         self._start_batching(engine)
         self.engine = engine
