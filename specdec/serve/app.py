@@ -71,6 +71,14 @@ class ServerState:
         log.info("batch engine: %d KV slots x %d positions, %.0f MB; batched call ms by rows: %s", self.batch.max_batch,
                  self.batch.arena.capacity, self.batch.arena.nbytes / 2 ** 20,
                  ", ".join(f"{rows}: {seconds * 1e3:.1f}" for rows, seconds in times.items()))
+        rows = engine.target.spec.ragged_rows
+        if self.batch.arena.ragged:
+            log.info("drafts share the step's call (ragged-rows graph); ms by tokens: %s", ", ".join(
+                f"{tokens}: {seconds * 1e3:.1f}" for tokens, seconds in self.batch.ragged_costs.table().items()))
+        else:
+            log.info("each speculating request is verified in a call of its own (%s)",
+                     f"the artifact's ragged-rows graph has {rows} rows: --max-batch {rows} uses it" if rows
+                     else "the artifact has no ragged-rows graph: re-export with --batch-rows")
 
     def raise_if_unhealthy(self) -> None:
         """Raise RuntimeError when this server cannot serve: its engine failed to load or its scheduler died."""

@@ -231,3 +231,40 @@ def test_the_prefix_cache_skips_what_a_finished_request_left_in_its_slot(engine,
         assert batch.generate(prompt, config).token_ids == reference and fed[0] == 1
     finally:
         batch.shutdown()
+
+
+_SHARED_POOL_SCRIPT = """
+import sys, threading
+from specdec.runtime.batch import BatchEngine
+from specdec.runtime.engine import Engine, GenerationConfig
+engine = Engine.load(sys.argv[1], provider="cpu", threads=1, shared_threads=True)
+assert engine.shared_pool
+prompts = sys.argv[2:]
+kinds = [dict(drafter="none"), dict(drafter="ngram", num_draft_tokens=2, ngram_min=1), dict(drafter="model",
+         num_draft_tokens=3)]
+configs = [GenerationConfig(max_new_tokens=24, **kinds[i % 3]) for i in range(len(prompts))]
+reference = [engine.generate(p, GenerationConfig(max_new_tokens=24, drafter="none")).token_ids for p in prompts]
+batched_rows = []
+batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
+batch._batched_call = (lambda original: lambda running, plans, proposals, plain: (
+    batched_rows.append(len(plain)), original(running, plans, proposals, plain)))(batch._batched_call)
+results = [None] * len(prompts)
+threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, batch.generate(prompts[i], configs[i])))
+           for i in range(len(prompts))]
+for t in threads: t.start()
+for t in threads: t.join()
+batch.shutdown()
+print([r.token_ids for r in results] == reference, batch.ragged_calls > 0, max(batched_rows) >= 2)
+"""
+
+
+def test_on_one_thread_pool_plain_steps_take_the_batched_call_and_drafts_the_ragged_one(tiny_close_artifacts):
+    """As `specdec serve` runs it (one shared pool, a fresh process): steps without drafts are batched decode
+    calls, steps with drafts ragged-rows calls, and every greedy text is still the target-only one."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SHARED_POOL_SCRIPT, str(tiny_close_artifacts["llama"]),
+                          *PROMPT_SET[:8]], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-3:] == ["True", "True", "True"], out.stdout
