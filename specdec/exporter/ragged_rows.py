@@ -17,6 +17,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from specdec.exporter.onnx_export import external_data_files
+
 RAGGED_FILE = "ragged.onnx"
 ROW_TOKENS_NAME = "row_tokens"  # int64 [R]: tokens of each row, in order along the flattened axis
 DATA_FILE = "model.onnx.data"
@@ -103,10 +105,13 @@ def write_ragged_graph(graph_path: Path, rows: int, seqlens_name: str) -> tuple[
     them; return (the ragged graph, layers rewritten). Raise ValueError, the graph untouched, where an
     attention cannot be split per row."""
     structure = onnx.load(str(graph_path), load_external_data=False)
+    earlier = set(external_data_files(structure)) - {DATA_FILE}  # a large model's own data file(s), if any
     ragged_graph(structure, rows, seqlens_name)  # raises here, before any file changes
     model = onnx.load(str(graph_path))
     onnx.save_model(model, str(graph_path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=DATA_FILE, size_threshold=1024)  # the proto now points at the file, no copies
+    for name in earlier:  # their tensors are in DATA_FILE now
+        graph_path.with_name(name).unlink(missing_ok=True)
     layers = ragged_graph(model, rows, seqlens_name)
     ragged = graph_path.with_name(RAGGED_FILE)
     onnx.save(model, str(ragged))

@@ -42,3 +42,19 @@ def test_one_row_is_refused():
         from specdec.exporter.pipeline import check_config
 
         check_config(ExportConfig(target="x", draft=None, output="/tmp/never", batch_rows=1))
+
+
+def test_a_graph_with_its_own_data_file_ends_with_one_shared_file(tiny_artifacts, tmp_path):
+    """A model exported with external weights of its own (large models): after the rewrite both graphs read
+    one data file and the old one is gone; the ragged graph loads."""
+    import onnxruntime as ort
+
+    from specdec.exporter.ragged_rows import DATA_FILE, write_ragged_graph
+
+    model = onnx.load(str(tiny_artifacts["llama"] / "target" / "model.onnx"))
+    graph = tmp_path / "model.onnx"
+    onnx.save_model(model, str(graph), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    ragged, layers = write_ragged_graph(graph, 4, "seqlens_k")
+    assert layers == load_manifest(tiny_artifacts["llama"]).target.num_layers
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model.onnx", DATA_FILE, ragged.name])
+    assert len(ort.InferenceSession(str(ragged), providers=["CPUExecutionProvider"]).get_inputs()) > 0
