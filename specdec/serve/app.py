@@ -65,6 +65,10 @@ class ServerState:
     def _start_batching(self, engine: Engine) -> None:
         if self.config.max_batch <= 1:
             return
+        if engine.target.device != "cpu":  # an edge GPU box serves with the defaults: it must not fail to start
+            log.warning("the batch engine runs on the CPU only for now: on %s each of up to %d requests runs its "
+                        "own generation", engine.target.device, self.config.running_limit)
+            return
         self.batch = BatchEngine(engine, self.config.max_batch, self.config.kv_capacity,
                                  on_step=self.metrics.observe_batch, prefix_cache=self.config.prefix_cache)
         times = self.batch.time_batch_calls()
