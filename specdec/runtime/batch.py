@@ -21,13 +21,13 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, choose_draft_lengths_ragged,
                                         choose_speculating)
-from specdec.runtime.config import GenerationConfig
+from specdec.runtime.config import MAX_DRAFT_TOKENS, GenerationConfig
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
 from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
 from specdec.runtime.loop import Iteration, commit, draft, plan, prefill, verify_call
@@ -37,6 +37,9 @@ DEFAULT_MAX_BATCH = 8
 DEFAULT_KV_CAPACITY = 1024  # positions per slot
 _CALIBRATION_ROWS = (1, 2, 4, 8, 16)
 CALIBRATION_PAST = 256  # positions each row of a timed ragged call attends over
+# Drafts must promise this much more than a step without them: every other row pays for a wrong yes, and a
+# request's acceptance is known from a few iterations (at 1.0, n-gram rows drafted under load and lost 16%).
+DRAFT_MARGIN = 1.25
 
 
 @dataclass
@@ -56,6 +59,24 @@ class _Request:
     cancelled: threading.Event = field(default_factory=threading.Event)
     cache: SlotCache | None = None
     counters: _Counters = field(default_factory=_Counters)
+    # per draft position j (index j - 1): iterations that tested the j-th draft, and that accepted it
+    tested: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
+    passed: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
+
+    def observe(self, iteration: Iteration) -> None:
+        """Count which of the iteration's drafts were tested (all before accepted) and which passed."""
+        for j in range(min(len(iteration.drafted), iteration.num_accepted + 1, MAX_DRAFT_TOKENS)):
+            self.tested[j] += 1
+            self.passed[j] += j < iteration.num_accepted
+
+    def kept(self, k: int) -> tuple[float, ...]:
+        """Return the chance that each of k drafts is accepted, all before it too: measured per position
+        (Laplace: 0.5 untested), multiplied along."""
+        chances, running = [], 1.0
+        for j in range(min(k, MAX_DRAFT_TOKENS)):
+            running *= (self.passed[j] + 1) / (self.tested[j] + 2)
+            chances.append(running)
+        return tuple(chances)
 
 
 def _candidate(opened: OpenRequest, situation: str | None, k: int) -> DraftCandidate:
@@ -260,23 +281,25 @@ class BatchEngine:
         self._deliver(request, iteration)
 
     def _step(self) -> None:
+        start = time.perf_counter()  # a step's cost is all of it (planning, drafting, commits), not the call alone
         running = self._running
         plans = [plan(r.opened.state) for r in running]
         ks = self._draft_lengths(running, plans)
         proposals = [draft(r.opened.state, k) for r, k in zip(running, ks)]
         if self._ragged_mode(running) and (self._plain_steps_ragged() or any(p.tokens for p in proposals)):
-            self._guarded_all(running, lambda: self._ragged_call(running, plans, proposals))
+            self._guarded_all(running, lambda: self._ragged_call(running, plans, proposals, start))
             self._running = [r for r in running if not self._ended(r)]
             return
         plain = [i for i, p in enumerate(proposals) if not p.tokens]
         if plain:
-            self._guarded_all([running[i] for i in plain], lambda: self._batched_call(running, plans, proposals, plain))
+            self._guarded_all([running[i] for i in plain],
+                              lambda: self._batched_call(running, plans, proposals, plain, start))
         for i, proposal in enumerate(proposals):
             if proposal.tokens:
                 self._guarded(running[i], lambda r, i=i: self._verify(r, plans[i][0], proposals[i]))
         self._running = [r for r in running if not self._ended(r)]
 
-    def _batched_call(self, running, plans, proposals, plain: list[int]) -> None:
+    def _batched_call(self, running, plans, proposals, plain: list[int], step_start: float) -> None:
         states = [running[i].opened.state for i in plain]
         by_slot = {running[i].cache.slot: running[i] for i in plain}
         span = max(by_slot) + 1  # rows 0..span-1; a slot not decoding here is parked
@@ -288,7 +311,6 @@ class BatchEngine:
         logits = self.engine.target.forward_batch(lambda head: self.arena.binding(span, head), caches, tokens,
                                                   parked, self.arena.parked_position, greedy)
         seconds = time.perf_counter() - start
-        self.batch_costs.observe(len(plain), seconds)
         if self.on_step is not None:
             self.on_step(len(plain))
         for i in plain:
@@ -299,6 +321,7 @@ class BatchEngine:
             shared = seconds if len(plain) == 1 else 0.0
             self._guarded(request, lambda r, i=i: self._deliver(r, commit(
                 r.opened.state, r.cache, plans[i][0], proposals[i], logits[r.cache.slot][None, :], shared)))
+        self.batch_costs.observe(len(plain), time.perf_counter() - step_start)
 
     def _ragged_mode(self, running: list[_Request]) -> bool:
         """Return whether drafts this step would share a ragged-rows call: several requests run, one drafts."""
@@ -313,7 +336,7 @@ class BatchEngine:
         """
         return not self.engine.shared_pool
 
-    def _ragged_call(self, running, plans, proposals) -> None:
+    def _ragged_call(self, running, plans, proposals, step_start: float) -> None:
         """Score every running request's last token and drafts in ONE ragged-rows call, then commit each."""
         index = {r.cache.slot: i for i, r in enumerate(running)}
         rows, caches, lengths = [], [], []
@@ -334,9 +357,6 @@ class BatchEngine:
         seconds = time.perf_counter() - start
         self.ragged_calls += 1
         tokens = sum(len(row) for row in rows)
-        if tokens in self._ragged_shapes:  # a shape's first call also plans its buffers: not its cost
-            self.ragged_costs.observe(tokens, seconds)
-        self._ragged_shapes.add(tokens)
         if self.on_step is not None:
             self.on_step(len(running))
         for slot, i in index.items():
@@ -346,6 +366,9 @@ class BatchEngine:
             # A shared call is not a batch-1 call: auto's t(n) does not learn from it (target_seconds 0).
             self._guarded(request, lambda r, i=i, slot=slot: self._deliver(r, commit(
                 r.opened.state, r.cache, plans[i][0], proposals[i], logits[slot], 0.0)))
+        if tokens in self._ragged_shapes:  # a shape's first call also plans its buffers: not its cost
+            self.ragged_costs.observe(tokens, time.perf_counter() - step_start)
+        self._ragged_shapes.add(tokens)
 
     def _verify(self, request: _Request, situation: str | None, proposal) -> None:
         state = request.opened.state
@@ -365,7 +388,8 @@ class BatchEngine:
         candidates, where = [], []
         for i, (request, (situation, k)) in enumerate(zip(running, plans)):
             if k > 0:
-                candidates.append(_candidate(request.opened, situation, k))
+                candidate = _candidate(request.opened, situation, k)
+                candidates.append(replace(candidate, kept=request.kept(k)) if candidate.adjustable else candidate)
                 where.append(i)
         if not candidates:
             return ks
@@ -383,7 +407,7 @@ class BatchEngine:
             plain_step = ((lambda rows: self.ragged_costs.seconds(rows + fillers)) if self._plain_steps_ragged()
                           else self.batch_costs.seconds)
             lengths = choose_draft_lengths_ragged(candidates, plain_rows, fillers, plain_step,
-                                                  self.ragged_costs.seconds)
+                                                  self.ragged_costs.seconds, margin=DRAFT_MARGIN)
             for i, k in zip(where, lengths):
                 ks[i] = k
             return ks
@@ -394,6 +418,8 @@ class BatchEngine:
         return ks
 
     def _deliver(self, request: _Request, iteration: Iteration) -> None:
+        if iteration.drafted:
+            request.observe(iteration)
         if iteration.finished:
             self._release(request)  # first: the consumer reads the counters once it has the last iteration
         request.out.put(iteration)

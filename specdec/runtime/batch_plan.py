@@ -30,6 +30,15 @@ class DraftCandidate:
     k: int
     alpha: float
     adjustable: bool = True  # False: a fixed K the user asked for, kept whatever the load
+    # measured chance that the j-th draft (j = 1, 2, ...) is accepted, all before it accepted; beyond: alpha^j.
+    # Drafts are not independent (prompt lookup copies a run or misses at once), so alpha^j from the
+    # per-test rate overrates the first draft: half the iterations all 4 accepted, half none, gives
+    # alpha 0.8 per test but 0.5 for the first draft.
+    kept: tuple[float, ...] = ()
+
+    def chance(self, j: int) -> float:
+        """Return the chance that the j-th draft (1-based) is accepted: measured where known, else alpha^j."""
+        return self.kept[j - 1] if j <= len(self.kept) else self.alpha ** j
 
 
 def choose_speculating(candidates: list[DraftCandidate], plain_rows: int, batch_seconds: Callable[[int], float],
@@ -57,22 +66,23 @@ def choose_speculating(candidates: list[DraftCandidate], plain_rows: int, batch_
 
 
 def choose_draft_lengths_ragged(candidates: list[DraftCandidate], plain_rows: int, filler_tokens: int,
-                                batch_seconds: Callable[[int], float],
-                                ragged_seconds: Callable[[int], float]) -> list[int]:
+                                batch_seconds: Callable[[int], float], ragged_seconds: Callable[[int], float],
+                                margin: float = 1.0) -> list[int]:
     """Return each candidate's K this step (0: it decodes one token) when verify rows share one ragged call.
 
     With no drafts the step is the batched decode call over its rows, batch_seconds(rows); with any, one
     ragged-rows call over every token of the step (each row's 1 + k, plus `filler_tokens` for the graph's
-    idle rows), ragged_seconds(tokens). A request's j-th draft adds alpha^j expected tokens (all j accepted)
+    idle rows), ragged_seconds(tokens). A request's j-th draft adds its chance of acceptance (all j accepted)
     for one more token in the call, so drafts are taken best first across requests, and every count of
     them is scored (the first draft switches the call, so stopping at the first loss would stop short);
-    the most expected tokens per second wins. A K the user fixed (not adjustable) is kept whole.
+    the most expected tokens per second wins, drafts counting only where they promise `margin` times the
+    rate without them. A K the user fixed (not adjustable) is kept whole.
     """
     rows = plain_rows + len(candidates)
     fixed_tokens = sum(c.k for c in candidates if not c.adjustable)
     fixed_gain = sum(expected_tokens_per_iteration(c.alpha, c.k) - 1 for c in candidates if not c.adjustable)
     # (gain, candidate) per extra draft; within a request the gains fall with j, so a prefix keeps j in order
-    drafts = sorted(((c.alpha ** j, i) for i, c in enumerate(candidates) if c.adjustable
+    drafts = sorted(((c.chance(j), i) for i, c in enumerate(candidates) if c.adjustable
                      for j in range(1, c.k + 1)), key=lambda d: -d[0])
     best, best_rate, gain = 0, -1.0, fixed_gain
     for count in range(len(drafts) + 1):
@@ -80,7 +90,7 @@ def choose_draft_lengths_ragged(candidates: list[DraftCandidate], plain_rows: in
             gain += drafts[count - 1][0]
         drafted = fixed_tokens + count
         seconds = ragged_seconds(rows + drafted + filler_tokens) if drafted else batch_seconds(rows)
-        rate = (rows + gain) / max(seconds, 1e-9)
+        rate = (rows + gain) / max(seconds, 1e-9) / (margin if count else 1.0)
         if rate > best_rate:
             best, best_rate = count, rate
     ks = [0 if c.adjustable else c.k for c in candidates]

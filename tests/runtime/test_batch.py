@@ -246,8 +246,8 @@ configs = [GenerationConfig(max_new_tokens=24, **kinds[i % 3]) for i in range(le
 reference = [engine.generate(p, GenerationConfig(max_new_tokens=24, drafter="none")).token_ids for p in prompts]
 batched_rows = []
 batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
-batch._batched_call = (lambda original: lambda running, plans, proposals, plain: (
-    batched_rows.append(len(plain)), original(running, plans, proposals, plain)))(batch._batched_call)
+batch._batched_call = (lambda original: lambda running, plans, proposals, plain, *rest: (
+    batched_rows.append(len(plain)), original(running, plans, proposals, plain, *rest)))(batch._batched_call)
 results = [None] * len(prompts)
 threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, batch.generate(prompts[i], configs[i])))
            for i in range(len(prompts))]
