@@ -169,10 +169,6 @@ class SlotArena:
         cache = self._caches[slot]
         return min(max(cache.length, len(cache.kept_ids)), self.parked_position)
 
-    def cache(self, slot: int) -> SlotCache:
-        """Return slot `slot`'s cache (held or free)."""
-        return self._caches[slot]
-
 
 def _common_prefix(kept: tuple[int, ...], prompt: list[int]) -> int:
     """Return how many leading tokens `kept` and `prompt` share."""
