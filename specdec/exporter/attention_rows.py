@@ -86,6 +86,39 @@ def pad_attention_queries(model: onnx.ModelProto) -> int:
     return len(attention)
 
 
+def strip_attention_pad(model: onnx.ModelProto) -> int:
+    """Undo `pad_attention_queries` (in place): every attention reads its own rows again; return the nodes restored.
+
+    For the ragged-rows rewrite, which splits each attention per row and then pads every row's own op.
+    """
+    graph = model.graph
+    made = {n.name for n in graph.node if n.name.startswith("specdec_attention_pad_")}
+    if not made:
+        return 0
+    original = {}  # a rewrite's output -> the tensor it stood for
+    for node in graph.node:
+        if node.name in made and node.op_type in ("Pad", "Add"):
+            original[node.output[0]] = node.input[0]
+    restored = 0
+    for node in graph.node:
+        if node.name in made and node.op_type == "Slice":  # the attention's real output name comes back
+            original[node.input[0]] = node.output[0]
+    for node in graph.node:
+        if node.op_type in ATTENTION_OPS and node.name not in made:
+            node.input[:] = [original.get(name, name) for name in node.input]
+            if node.output[0] in original:
+                node.output[0] = original[node.output[0]]
+                restored += 1
+    kept = [n for n in graph.node if n.name not in made]
+    del graph.node[:]
+    graph.node.extend(kept)
+    ours = {_PADS, _ONE, _STARTS, _ENDS, _AXES}
+    initializers = [i for i in graph.initializer if i.name not in ours]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    return restored
+
+
 def pad_attention_file(graph_path: Path) -> int:
     """Rewrite the graph at `graph_path` with `pad_attention_queries`, replaced atomically; return the nodes rewritten."""
     model = onnx.load(str(graph_path))

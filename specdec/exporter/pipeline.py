@@ -192,10 +192,9 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         optimization["half_precision"] = convert_graph_to_fp16(folder / layout.files[0])
         layout = reread_kv_dtype_and_files(folder / layout.files[0], layout)
     ragged_file = None
-    # float weights only (a quantized MatMul rounds a row differently by the call's row count), and not in a
-    # graph whose attention pads every call (--exact-steps): the batch engine runs neither
-    if (role == "target" and config.batch_rows and shared and not config.weights and not convert_to_fp16
-            and not pad_attention):
+    # fp32 or int4 weights (MatMulNBits' rows are independent of the call's rows, docs/INT4.md; int8's not
+    # measured), fp32 compute: the batch engine runs on the CPU
+    if role == "target" and config.batch_rows and shared and config.dtype == "fp32" and config.weights in (None, "int4"):
         try:
             ragged_path, layers = write_ragged_graph(folder / layout.files[0], config.batch_rows, SEQLENS_NAME)
         except ValueError as err:

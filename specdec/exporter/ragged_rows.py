@@ -7,7 +7,9 @@ all of them) and splits it per row before attention: each layer's GroupQueryAtte
 batch-1 ones, row r taking its `row_tokens[r]` tokens, its own past length (`seqlens_k[r]`) and its
 own KV slot, bound as inputs `<past name>.<r>` and written in place (outputs `<present name>.<r>`).
 Rows compute what batch-1 calls compute, bit for bit (docs/DESIGN.md, "Batched verification").
-Weights are shared with the plain graph through one external-data file.
+Weights are shared with the plain graph through one external-data file. A graph whose attention never
+runs on one query row (specdec/exporter/attention_rows.py: int4 targets, --exact-steps) keeps that
+promise here: every row's own attention gets the throwaway query row.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from specdec.exporter.attention_rows import pad_attention_queries, strip_attention_pad
 from specdec.exporter.onnx_export import external_data_files
 
 RAGGED_FILE = "ragged.onnx"
@@ -106,13 +109,18 @@ def write_ragged_graph(graph_path: Path, rows: int, seqlens_name: str) -> tuple[
     attention cannot be split per row."""
     structure = onnx.load(str(graph_path), load_external_data=False)
     earlier = set(external_data_files(structure)) - {DATA_FILE}  # a large model's own data file(s), if any
+    padded = strip_attention_pad(structure) > 0  # the pad goes on each row's attention instead
     ragged_graph(structure, rows, seqlens_name)  # raises here, before any file changes
     model = onnx.load(str(graph_path))
     onnx.save_model(model, str(graph_path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=DATA_FILE, size_threshold=1024)  # the proto now points at the file, no copies
     for name in earlier:  # their tensors are in DATA_FILE now
         graph_path.with_name(name).unlink(missing_ok=True)
+    if padded:
+        strip_attention_pad(model)
     layers = ragged_graph(model, rows, seqlens_name)
+    if padded:
+        pad_attention_queries(model)
     ragged = graph_path.with_name(RAGGED_FILE)
     onnx.save(model, str(ragged))
     return ragged, layers

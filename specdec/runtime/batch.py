@@ -164,7 +164,8 @@ class BatchEngine:
         """
         target = self.engine.target
         past = min(CALIBRATION_PAST, self.arena.parked_position - 8)  # every row attends over a typical context
-        for rows in (r for r in _CALIBRATION_ROWS if r <= self.max_batch):
+        plain_rows = _CALIBRATION_ROWS if self.arena.plain_batches else (1,)
+        for rows in (r for r in plain_rows if r <= self.max_batch):
             times = []
             for _ in range(repeats + 1):  # the first call of a shape also binds its buffers
                 start = time.perf_counter()
@@ -290,12 +291,13 @@ class BatchEngine:
             self._guarded_all(running, lambda: self._ragged_call(running, plans, proposals, start))
             self._running = [r for r in running if not self._ended(r)]
             return
-        plain = [i for i, p in enumerate(proposals) if not p.tokens]
+        # A graph without plain batched calls (int4) runs a lone request's steps as the single-request loop does.
+        plain = [i for i, p in enumerate(proposals) if not p.tokens] if self.arena.plain_batches else []
         if plain:
             self._guarded_all([running[i] for i in plain],
                               lambda: self._batched_call(running, plans, proposals, plain, start))
         for i, proposal in enumerate(proposals):
-            if proposal.tokens:
+            if proposal.tokens or not self.arena.plain_batches:
                 self._guarded(running[i], lambda r, i=i: self._verify(r, plans[i][0], proposals[i]))
         self._running = [r for r in running if not self._ended(r)]
 
@@ -324,17 +326,20 @@ class BatchEngine:
         self.batch_costs.observe(len(plain), time.perf_counter() - step_start)
 
     def _ragged_mode(self, running: list[_Request]) -> bool:
-        """Return whether drafts this step would share a ragged-rows call: several requests run, one drafts."""
-        return len(running) > 1 and self.arena.ragged and any(r.opened.state.drafting for r in running)
+        """Return whether this step's rows would share a ragged-rows call: several requests run, and one drafts
+        or the plain graph cannot batch them."""
+        return len(running) > 1 and self.arena.ragged and (
+            not self.arena.plain_batches or any(r.opened.state.drafting for r in running))
 
     def _plain_steps_ragged(self) -> bool:
         """Return whether a step without drafts also takes the ragged-rows graph (in ragged mode).
 
         On per-session thread pools it does (8 x 1 tokens cost ~6% more than the batched decode call):
         two sessions taking turns would each spin its threads through the other's calls. On one shared
-        pool (Engine.load(shared_threads=True), as `specdec serve` loads) it takes the batched decode call.
+        pool (Engine.load(shared_threads=True), as `specdec serve` loads) it takes the batched decode call, where
+        the plain graph has one (not int4's).
         """
-        return not self.engine.shared_pool
+        return not self.engine.shared_pool or not self.arena.plain_batches
 
     def _ragged_call(self, running, plans, proposals, step_start: float) -> None:
         """Score every running request's last token and drafts in ONE ragged-rows call, then commit each."""

@@ -219,7 +219,7 @@ class ModelSession:
             raise ValueError(f"the ragged graph takes {spec.ragged_rows} rows of at least one token each")
         for cache, row in zip(caches, rows):
             if cache is not None:
-                cache.reserve(cache.length + len(row))
+                cache.reserve(cache.length + len(row) + spec.attention_pad_rows)
         total = int(counts.sum())
         head = self.greedy_head if greedy and reads_greedy_head(spec, total) else None
         io = call.io

@@ -51,13 +51,17 @@ class SlotArena:
                                   "--no-shared-kv, or a family without a shared buffer); the batch engine needs "
                                   "a shared-buffer graph: re-export without --no-shared-kv, or serve with "
                                   "--max-batch 1")
-        if not session.batches:
-            raise GenerationError("this artifact's target graph runs one sequence per call (exported before the "
-                                  "batch engine): re-export it with `specdec export` to serve several requests "
-                                  "in one call")
+        spec = session.spec
+        padded = spec.attention_pad_rows > 0 or spec.min_rows > 1  # its plain graph's batched op would take 1 row
+        if not session.batches and not (padded and spec.ragged_rows == slots and session.ragged_session()):
+            raise GenerationError(
+                f"this artifact's target graph batches only through its ragged-rows graph of {spec.ragged_rows} "
+                f"rows: use --max-batch {spec.ragged_rows}" if padded and spec.ragged_rows else
+                "this artifact's target graph runs one sequence per call (exported before the batch engine, or "
+                "int4 before its ragged-rows graph): re-export it with `specdec export` to serve several requests "
+                "in one call")
         if session.device != "cpu":
             raise GenerationError("the batch engine runs on the CPU provider only for now (use --provider cpu)")
-        spec = session.spec
         self.session = session
         self.slots = slots
         # Requests stay below the last position (a check against the fixed capacity, kept from when parked rows
@@ -143,6 +147,12 @@ class SlotArena:
             call.bind_cache(session._past_names, session._present_names, tensors)
         return call
 
+    @property
+    def plain_batches(self) -> bool:
+        """Return whether steps without drafts can be one batched call of the plain graph (one token a row);
+        else every shared step is a ragged-rows call (int4 and --exact-steps targets: their attention never
+        runs on one query row, and the plain graph's batched op takes one)."""
+        return self.session.batches
 
     @property
     def ragged(self) -> bool:
@@ -167,7 +177,8 @@ class SlotArena:
         holds (a running request's cache, or the prefix a free slot keeps for the prefix cache), so the row
         attends over no more than that."""
         cache = self._caches[slot]
-        return min(max(cache.length, len(cache.kept_ids)), self.parked_position)
+        # a graph with an attention pad also writes one throwaway position after the token
+        return min(max(cache.length, len(cache.kept_ids)), self.parked_position - self.session.spec.attention_pad_rows)
 
 
 def _common_prefix(kept: tuple[int, ...], prompt: list[int]) -> int:

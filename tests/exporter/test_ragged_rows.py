@@ -29,9 +29,11 @@ def test_a_default_export_has_a_ragged_graph_equal_to_batch_1_calls(tiny_artifac
     assert manifest.draft is not None and manifest.draft.ragged_file is None  # drafts are not batched yet
 
 
-def test_batch_rows_zero_and_int4_targets_have_none(tiny_sources, tmp_path):
+def test_batch_rows_zero_and_int8_targets_have_none(tiny_sources, tmp_path):
+    """int8 targets (level 1: its kernels' rows against the call's not measured) get none; int4 do
+    (tests/runtime/test_batch_padded.py)."""
     target, _ = tiny_sources["llama"]
-    for flags in (dict(batch_rows=0), dict(weights="int4", min_agreement=0.0)):  # a random tiny model: no floor
+    for flags in (dict(batch_rows=0), dict(weights="int8", min_agreement=0.0)):  # a random tiny model: no floor
         manifest = run_export(ExportConfig(target=str(target), draft=None, output=tmp_path / str(flags), **flags),
                               progress=lambda m: None)
         assert manifest.target.ragged_file is None and manifest.target.ragged_rows == 0
