@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdec.runtime.ngram import NgramIndex
+from specdec.runtime.stats import ratio
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,12 @@ class ReplayResult:
     @property
     def speedup(self) -> float:
         """Return decode speedup over target-only: one step per token there."""
-        return self.decode_tokens / self.cost if self.cost else 1.0
+        return ratio(self.decode_tokens, self.cost, empty=1.0)
 
     @property
     def tokens_per_call(self) -> float:
         """Return committed tokens per target call."""
-        return self.decode_tokens / self.target_calls if self.target_calls else 0.0
+        return ratio(self.decode_tokens, self.target_calls)
 
 
 def replay_ngram(prompt_ids: list[int], output_ids: list[int], k: int | None, cost: CostModel,

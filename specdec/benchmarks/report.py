@@ -15,6 +15,18 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
+def cell(value: float | None, spec: str = "{:.2f}") -> str:
+    """Return a table cell: `value` formatted by `spec` (e.g. "{:.2f}x"), or "-" where there is no value."""
+    return "-" if value is None else spec.format(value)
+
+
+def _section(title: str, columns: Sequence[str], prose: str = "") -> list[str]:
+    """Return the Markdown lines that open a report section: its heading, the prose (if any), a table's header row
+    and rule; the caller appends the table's rows."""
+    return ["", f"## {title}", *(["", prose] if prose else []), "", "| " + " | ".join(columns) + " |",
+            "|" + "---|" * len(columns)]
+
+
 def _prompt_set_name(meta: dict) -> str:
     """Return "v1" for the shipped, versioned prompt set, else the prompt file's name."""
     if meta.get("prompt_set_version") is not None:
@@ -84,29 +96,22 @@ def target_vs_genai_section(rows: Sequence[dict]) -> list[str]:
     """Return Markdown lines for specdec target-only against genai greedy, prompt by prompt ([] without genai)."""
     if not rows:
         return []
-    lines = [
-        "",
-        "## Target-only against onnxruntime-genai greedy, prompt by prompt",
-        "",
-        "The same greedy decoding of the same model on both sides, at the same thread count (header). Decode "
-        "tokens/s: tokens after the first over the time after the prefill, medians over the repeats. Time to "
-        "first token: the prefill call (genai: `append_tokens` of the prompt), the median of every prefill of the "
-        "prompt timed in the run (specdec: its target-only and n-gram runs, which prefill alike; genai: its greedy "
-        "runs and 3 more prefills before each, in a worker that warmed up on the prompt): one prefill varies by "
-        "+-30% here. genai runs each prompt right after specdec's runs of it.",
-    ]
+    prose = ("The same greedy decoding of the same model on both sides, at the same thread count (header). Decode "
+             "tokens/s: tokens after the first over the time after the prefill, medians over the repeats. Time to "
+             "first token: the prefill call (genai: `append_tokens` of the prompt), the median of every prefill of "
+             "the prompt timed in the run (specdec: its target-only and n-gram runs, which prefill alike; genai: its "
+             "greedy runs and 3 more prefills before each, in a worker that warmed up on the prompt): one prefill "
+             "varies by +-30% here. genai runs each prompt right after specdec's runs of it.")
+    columns = ["prompt", "prompt tokens", "specdec decode tok/s", "genai decode tok/s", "specdec / genai",
+               "specdec TTFT (ms)", "genai TTFT (ms)", "specdec / genai"]
     paired = all("paired_ttft_ratio" in r for r in rows)
     if paired:
-        lines[-1] += (f" Paired: after the runs, {rows[0]['paired_rounds']} rounds per prompt of one specdec and one "
-                      "genai prefill back to back (who goes first alternates), so a burst of load falls on both, each "
-                      f"after {SETTLE_SECONDS:g} s idle (a call that starts within ~10 ms of the other process's runs "
-                      "~9% slower); the median of the rounds' ratios, and their range. The goal reads the paired ratio.")
-    lines += [
-        "",
-        "| prompt | prompt tokens | specdec decode tok/s | genai decode tok/s | specdec / genai | "
-        "specdec TTFT (ms) | genai TTFT (ms) | specdec / genai |" + (" TTFT specdec / genai, paired |" if paired else ""),
-        "|---|---|---|---|---|---|---|---|" + ("---|" if paired else ""),
-    ]
+        prose += (f" Paired: after the runs, {rows[0]['paired_rounds']} rounds per prompt of one specdec and one "
+                  "genai prefill back to back (who goes first alternates), so a burst of load falls on both, each "
+                  f"after {SETTLE_SECONDS:g} s idle (a call that starts within ~10 ms of the other process's runs "
+                  "~9% slower); the median of the rounds' ratios, and their range. The goal reads the paired ratio.")
+        columns.append("TTFT specdec / genai, paired")
+    lines = _section("Target-only against onnxruntime-genai greedy, prompt by prompt", columns, prose)
     for r in rows:
         lines.append(f"| {r['prompt']} | {r['prompt_tokens']} | {r['decode_tokens_per_second']:.1f} | "
                      f"{r['genai_decode_tokens_per_second']:.1f} | {r['decode_ratio']:.2f}x | "
@@ -147,26 +152,18 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
         "the same prompt and repeat, medians by tokens per call; on average each extra token costs "
         f"{meta['verify_cost']:.3f}). "
         + _auto_table_origin(meta),
-        "",
-        "## By prompt group",
-        "",
-        "| group | configuration | decode tok/s | speedup | theory (paper) | measured / theory | "
-        "theory (measured call costs) | measured / theory | greedy = target-only |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    lines += _section("By prompt group", ["group", "configuration", "decode tok/s", "speedup", "theory (paper)",
+                                          "measured / theory", "theory (measured call costs)", "measured / theory",
+                                          "greedy = target-only"])
     for g in groups:
         lines.append(f"| {g['group']} | {g['config']} | {g['decode_tokens_per_second']:.1f} | {g['speedup']:.2f}x | "
                      f"{g['theoretical_speedup']:.2f}x | {_pct(g['share_of_theory'])} | "
                      f"{g['theoretical_speedup_verify']:.2f}x | {_pct(g['share_of_theory_verify'])} | "
                      f"{'yes' if g['greedy_equal'] else 'NO'} |")
-    lines += [
-        "",
-        "## By prompt",
-        "",
-        "| prompt | group | configuration | tok/s (end to end) | decode tok/s | speedup | alpha | tokens / target call "
-        "| time draft / target / other | theory (paper / call costs) | greedy = target-only |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines += _section("By prompt", ["prompt", "group", "configuration", "tok/s (end to end)", "decode tok/s",
+                                    "speedup", "alpha", "tokens / target call", "time draft / target / other",
+                                    "theory (paper / call costs)", "greedy = target-only"])
     for r in rows:
         lines.append(
             f"| {r['prompt']} | {r['group']} | {r['config']} | {r['tokens_per_second']:.1f} | "
@@ -179,21 +176,15 @@ def markdown_report(meta: dict, groups: Sequence[dict], rows: Sequence[dict], an
     lines += replay_section(meta, replays)
     lines += situation_section(situations)
     if anchors:
-        lines += [
-            "",
-            "## Anchors: the same model and prompts in what users would run instead",
-            "",
+        lines += _section(
+            "Anchors: the same model and prompts in what users would run instead",
+            ["group", "anchor", "anchor tok/s", "specdec configuration", "specdec tok/s", "specdec / anchor",
+             "anchor greedy tokens = specdec's"],
             "End-to-end tokens/s (prefill included) on both sides, medians; specdec's figure is the matching "
             "configuration in the same run. onnxruntime-genai runs each prompt right after specdec's runs of it "
-            "(alternating); "
-            "transformers runs once, after all repeats. An anchor's tokens/s counts at most max_new_tokens "
-            "tokens per run. Its greedy tokens are compared with specdec's target-only tokens for the same "
-            "prompt (first repeat), token by token, leaving out a final end-of-sequence token.",
-            "",
-            "| group | anchor | anchor tok/s | specdec configuration | specdec tok/s | specdec / anchor | "
-            "anchor greedy tokens = specdec's |",
-            "|---|---|---|---|---|---|---|",
-        ]
+            "(alternating); transformers runs once, after all repeats. An anchor's tokens/s counts at most "
+            "max_new_tokens tokens per run. Its greedy tokens are compared with specdec's target-only tokens for the "
+            "same prompt (first repeat), token by token, leaving out a final end-of-sequence token.")
         for a in anchors:
             lines.append(f"| {a['group']} | {a['system']} | {a['tokens_per_second']:.1f} | {a['compare_to']} | "
                          f"{a['specdec_tokens_per_second']:.1f} | {a['ratio']:.2f}x | "
@@ -287,10 +278,10 @@ def replay_section(meta: dict, replays: Sequence[dict]) -> list[str]:
     if not replays:
         return []
     ks = list(replays[0]["replay_speedup"])
-    lines = [
-        "",
-        "## What n-gram drafting could reach on this machine (replay)",
-        "",
+    lines = _section(
+        "What n-gram drafting could reach on this machine (replay)",
+        ["prompt", "group", f"measured {replays[0]['measured_config']}", *(f"replay K={k}" for k in ks),
+         "best K (bound)", "tokens / call at the bound"],
         "Greedy output does not depend on the drafter, so each prompt's target-only output (first repeat) is "
         "replayed through the n-gram drafter offline, with this run's costs: a call over n tokens costs "
         f"t(n) steps as above (beyond the longest measured call, {meta['verify_cost']:.3f} per extra token), "
@@ -299,15 +290,9 @@ def replay_section(meta: dict, replays: Sequence[dict]) -> list[str]:
         "output: no rejected draft is ever verified), an upper bound for any draft-length policy with this "
         "drafter on this hardware. The fixed-K replays look up suffixes of 2..4 tokens, as a fixed K does; the "
         "bound looks up 1..4, as `auto` does (skipping a proposal is one of its choices, so more proposals "
-        "never lower it). The replayed fixed-K column next to the measured one checks the cost model.",
-        "",
-        f"| prompt | group | measured {replays[0]['measured_config']} | "
-        + " | ".join(f"replay K={k}" for k in ks) + " | best K (bound) | tokens / call at the bound |",
-        "|---|---|---|" + "---|" * len(ks) + "---|---|",
-    ]
+        "never lower it). The replayed fixed-K column next to the measured one checks the cost model.")
     for r in replays:
-        measured = f"{r['measured_speedup']:.2f}x" if r["measured_speedup"] is not None else "-"
-        lines.append(f"| {r['prompt']} | {r['group']} | {measured} | "
+        lines.append(f"| {r['prompt']} | {r['group']} | {cell(r['measured_speedup'], '{:.2f}x')} | "
                      + " | ".join(f"{r['replay_speedup'][k]:.2f}x" for k in ks)
                      + f" | {r['oracle_speedup']:.2f}x | {r['oracle_tokens_per_call']:.2f} |")
     return lines
@@ -317,21 +302,15 @@ def situation_section(situations: Sequence[dict]) -> list[str]:
     """Return the table of how `auto` fared per drafting situation ([] when no auto run drafted)."""
     if not situations:
         return []
-    lines = [
-        "",
-        "## What `auto` saw: its iterations by drafting situation",
-        "",
+    lines = _section(
+        "What `auto` saw: its iterations by drafting situation",
+        ["group", "situation", "iterations", "share of iterations", "drafted per iteration", "alpha"],
         "`auto` keeps one acceptance estimate per situation the drafter reports before proposing (n-gram: "
         "the matched n-gram was seen once, always followed by the same token (repeated), or followed by "
-        "different tokens (ambiguous); 1-token matches apart). All repeats of all prompts in the group.",
-        "",
-        "| group | situation | iterations | share of iterations | drafted per iteration | alpha |",
-        "|---|---|---|---|---|---|",
-    ]
+        "different tokens (ambiguous); 1-token matches apart). All repeats of all prompts in the group.")
     for r in situations:
-        alpha = f"{r['alpha']:.2f}" if r["alpha"] is not None else "-"
         lines.append(f"| {r['group']} | {r['situation']} | {r['iterations']} | {_pct(r['iteration_share'])} | "
-                     f"{r['drafted_per_iteration']:.2f} | {alpha} |")
+                     f"{r['drafted_per_iteration']:.2f} | {cell(r['alpha'])} |")
     return lines
 
 

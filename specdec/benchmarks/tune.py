@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from specdec.benchmarks.report import cell
 from specdec.models.manifest import update_runtime_defaults
 from specdec.runtime.calibration import step_times, timing_context
 from specdec.runtime.call_costs import relative_costs_from_step_times, verify_cost_from_calls
@@ -215,10 +216,9 @@ def format_table(report: TuneReport) -> str:
         "|---|---|---|---|---|",
     ]
     for row in report.rows:
-        measured = f"{row.measured:.2f}x" if row.measured is not None else "-"
-        alpha = f"{row.alpha_measured:.2f}" if row.alpha_measured is not None else "-"
         marker = " **recommended**" if row.k == report.recommended_k else ""
-        lines.append(f"| {row.k}{marker} | {alpha} | {row.expected_paper:.2f}x | {row.expected:.2f}x | {measured} |")
+        lines.append(f"| {row.k}{marker} | {cell(row.alpha_measured)} | {row.expected_paper:.2f}x | "
+                     f"{row.expected:.2f}x | {cell(row.measured, '{:.2f}x')} |")
     if report.auto_measured is not None:
         marker = " **recommended**" if report.recommended_k == "auto" else ""
         lines.append(f"| auto (cap {len(report.rows)}){marker} | {report.auto_alpha:.2f} | - | - | "

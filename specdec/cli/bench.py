@@ -17,7 +17,8 @@ import click
 import numpy as np
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
-from specdec.runtime.config import MAX_DRAFT_TOKENS, PROVIDER_CHOICES
+from specdec.cli.options import json_option, max_new_tokens_option, provider_option, threads_option
+from specdec.runtime.config import MAX_DRAFT_TOKENS
 
 GENAI_PREFILL_SAMPLES = 3  # extra prefills per genai worker run: TTFT is a median, as specdec's (3 runs per repeat)
 PAIRED_PREFILL_ROUNDS = 8  # per prompt: one specdec and one genai prefill back to back (order alternating)
@@ -91,8 +92,7 @@ def _versions() -> dict[str, str]:
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
               help="JSON-lines prompt set (default: the versioned set shipped with specdec, specdec/benchmarks/prompts.jsonl).")
-@click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=128, show_default=True,
-              help="Tokens generated per prompt and run (greedy).")
+@max_new_tokens_option(128, "Tokens generated per prompt and run (greedy).", lowest=2, highest=4096)
 @click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True,
               help="Times every (prompt, configuration) runs; the report quotes medians. With --steps: "
                    "repetitions per cell, in rounds of 3 interleaved with genai's (at least 3 rounds).")
@@ -108,15 +108,13 @@ def _versions() -> dict[str, str]:
               help="Folder for bench.json and bench.png.")
 @click.option("--results", type=click.Path(path_type=Path), default=None,
               help="Also write the Markdown report to this file (e.g. benchmarks/RESULTS.md).")
-@click.option("--provider", type=click.Choice(PROVIDER_CHOICES), default="auto", show_default=True,
-              help="onnxruntime execution provider.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Threads for specdec's sessions and every anchor: onnxruntime, onnxruntime-genai and torch "
-                   "(default: all cores).")
+@provider_option("onnxruntime execution provider.")
+@threads_option("Threads for specdec's sessions and every anchor: onnxruntime, onnxruntime-genai and torch "
+                "(default: all cores).")
 @click.option("--shared-threads/--no-shared-threads", default=False, show_default=True,
               help="With a draft model or head: run it and the target on one onnxruntime thread pool "
                    "(see `specdec generate --help`).")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of the Markdown table.")
+@json_option("Print the JSON document instead of the Markdown table.")
 @click.option("--no-plot", is_flag=True, help="Write no PNG.")
 @click.option("--steps", is_flag=True,
               help="Instead: time one target call over 1/5/8 new tokens at past 64/256/1024 (graphs taking turns, "

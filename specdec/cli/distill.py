@@ -2,29 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import click
 
-from specdec.cli.errors import elapsed_progress, one_line_errors
+from specdec.cli.errors import echo_record, elapsed_progress, one_line_errors
+from specdec.cli.options import (json_option, max_new_tokens_option, minutes_option, prompt_count_option,
+                                 seed_option, threads_option)
 
 
 @click.command()
 @click.argument("artifact", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--minutes", type=float, default=60.0, show_default=True,
-              help="Budget for the whole run: making data (the target answering prompts), training, export and "
-                   "the runtime check at the end.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seeds the prompt order, sampled answers, initialisation and batch order; with --prompts and "
-                   "--steps as recorded in the manifest, a run is repeated exactly (its learning-rate curve too, "
-                   "unless the recorded run re-planned it: training.plan_history).")
+@minutes_option(60.0, "Budget for the whole run: making data (the target answering prompts), training, export and "
+                      "the runtime check at the end.")
+@seed_option("Seeds the prompt order, sampled answers, initialisation and batch order; with --prompts and --steps as "
+             "recorded in the manifest, a run is repeated exactly (its learning-rate curve too, unless the recorded "
+             "run re-planned it: training.plan_history).")
 @click.option("--resume", is_flag=True,
               help="Keep the data and checkpoint of the last run on this artifact (in .NAME.distill/ beside it) "
                    "and train on for --minutes (from step 0 when that run stopped after making its data).")
-@click.option("--prompts", type=click.IntRange(min=1), default=None,
-              help="Training prompts the target answers (default: as many as the data share of --minutes allows).")
+@prompt_count_option("Training prompts the target answers (default: as many as the data share of --minutes allows).")
 @click.option("--steps", type=click.IntRange(min=1), default=None,
               help="Training steps in all (default: as many as --minutes allows).")
 @click.option("--data-share", type=click.FloatRange(0.05, 0.95), default=0.45, show_default=True,
@@ -34,8 +32,7 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
 @click.option("--self-written-share", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
               help="Share of the training prompts the target writes itself (sampled user turns, filtered against the "
                    "bench's prompts and the held-out topics); the rest come from the shipped templates.")
-@click.option("--max-new-tokens", type=click.IntRange(min=8), default=192, show_default=True,
-              help="Longest answer the target writes per prompt.")
+@max_new_tokens_option(192, "Longest answer the target writes per prompt.", lowest=8)
 @click.option("--vocab-subset", type=click.IntRange(min=2), default=8192, show_default=True,
               help="Ids the draft can propose: the target's most frequent output tokens (FR-Spec); q = 0 elsewhere.")
 @click.option("--feature-layers", default="", show_default="none",
@@ -56,9 +53,8 @@ from specdec.cli.errors import elapsed_progress, one_line_errors
               help="Prompts the target answers at once while making data.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where PyTorch makes data and trains (auto: CUDA when PyTorch sees a GPU).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="CPU threads for PyTorch and onnxruntime (default: all cores).")
-@click.option("--json", "as_json", is_flag=True, help="Print the training record (the manifest's entry) as JSON.")
+@threads_option("CPU threads for PyTorch and onnxruntime (default: all cores).")
+@json_option("Print the training record (the manifest's entry) as JSON.")
 @one_line_errors
 def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: int | None, steps: int | None,
             data_share: float, sampled_share: float, self_written_share: float, max_new_tokens: int,
@@ -90,13 +86,14 @@ def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: in
                            generate_batch=generate_batch, device=device, threads=threads,
                            settings={"compute_dtype": train_dtype})
     manifest = run_distill(config, progress=elapsed_progress())
-    record = manifest.feature_draft.training
-    if as_json:
-        click.echo(json.dumps(record, indent=2))
-        return
+    echo_record(artifact, manifest.feature_draft.training, as_json, _summary)
+
+
+def _summary(artifact: Path, record: dict) -> str:
+    """Return the line saying what the run trained and wrote into `artifact`."""
     accept = record["heldout_acceptance"]
     runtime = record.get("runtime_heldout") or {}
-    click.echo(f"draft head written into {artifact}: {record['steps']} steps on {record['data']['answer_tokens']} "
-               f"answer tokens in {record['wall_minutes']} min; held-out greedy agreement (teacher-forced) "
-               f"first {accept['first']:.3f}, second {accept['second']:.3f}"
-               + (f"; runtime alpha {runtime['alpha']:.3f} at K={runtime['num_draft_tokens']}" if runtime else ""))
+    return (f"draft head written into {artifact}: {record['steps']} steps on {record['data']['answer_tokens']} "
+            f"answer tokens in {record['wall_minutes']} min; held-out greedy agreement (teacher-forced) "
+            f"first {accept['first']:.3f}, second {accept['second']:.3f}"
+            + (f"; runtime alpha {runtime['alpha']:.3f} at K={runtime['num_draft_tokens']}" if runtime else ""))

@@ -1,9 +1,12 @@
-"""Shared CLI plumbing: one-line errors and elapsed-time progress lines."""
+"""Shared CLI plumbing: one-line errors, elapsed-time progress lines, and what a command wrote into an artifact."""
 
 from __future__ import annotations
 
 import functools
+import json
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import click
 
@@ -36,3 +39,8 @@ def elapsed_progress():
         click.echo(f"[{time.perf_counter() - started:7.1f}s] {message}", err=True)
 
     return progress
+
+
+def echo_record(artifact: Path, record: dict, as_json: bool, summary: Callable[[Path, dict], str]) -> None:
+    """Print the record a command wrote into ARTIFACT's manifest: JSON under --json, else summary(artifact, record)."""
+    click.echo(json.dumps(record, indent=2) if as_json else summary(artifact, record))

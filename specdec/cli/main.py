@@ -10,8 +10,9 @@ import click
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
 from specdec.models.manifest import FLOAT_DTYPES, TRACE_DEVICES, WEIGHT_DTYPES
-from specdec.cli.options import parse_draft_tokens
-from specdec.runtime.config import DRAFTER_CHOICES, MAX_DRAFT_TOKENS, PROVIDER_CHOICES, GenerationConfig
+from specdec.cli.options import (json_option, max_new_tokens_option, parse_draft_tokens, provider_option,
+                                 threads_option)
+from specdec.runtime.config import DRAFTER_CHOICES, MAX_DRAFT_TOKENS, GenerationConfig
 
 DEFAULTS = GenerationConfig()  # flag defaults are the library's
 
@@ -117,7 +118,7 @@ def export(target, draft, output, dtype, weights, device, opset, trust_remote_co
 
 @main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@json_option("Print the manifest as JSON.")
 @click.option("--no-verify", is_flag=True, help="Skip checking every file's sha256.")
 @one_line_errors
 def inspect(artifact, as_json, no_verify) -> None:
@@ -199,6 +200,12 @@ def inspect(artifact, as_json, no_verify) -> None:
     click.echo(f"  exported {prov.export_date} by specdec {prov.exporter_version} ({versions})")
 
 
+def config_option(field: str, kind, help: str):
+    """Return generate's option for GenerationConfig's `field`: --FIELD with dashes, the library's default (shown)."""
+    return click.option(f"--{field.replace('_', '-')}", type=kind, default=getattr(DEFAULTS, field), show_default=True,
+                        help=help)
+
+
 def _logit_bias_callback(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int, float], ...]:
     pairs = []
     for value in values:
@@ -213,82 +220,52 @@ def _logit_bias_callback(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int
 @main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.argument("prompt")
-@click.option("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens, show_default=True,
-              help="Stop after this many new tokens.")
-@click.option("--temperature", type=float, default=DEFAULTS.temperature, show_default=True,
-              help="0 is greedy; > 0 samples.")
-@click.option("--top-k", type=int, default=DEFAULTS.top_k, show_default=True,
-              help="Keep the k most likely tokens (0: off).")
-@click.option("--top-p", type=float, default=DEFAULTS.top_p, show_default=True,
-              help="Nucleus sampling mass in (0, 1] (1: off).")
-@click.option("--min-p", type=float, default=DEFAULTS.min_p, show_default=True,
-              help="Drop tokens less likely than this fraction of the most likely one (0: off).")
-@click.option("--repetition-penalty", type=float, default=DEFAULTS.repetition_penalty, show_default=True,
-              help="> 1 makes tokens already in the prompt or output less likely (1: off).")
+@config_option("max_new_tokens", int, "Stop after this many new tokens.")
+@config_option("temperature", float, "0 is greedy; > 0 samples.")
+@config_option("top_k", int, "Keep the k most likely tokens (0: off).")
+@config_option("top_p", float, "Nucleus sampling mass in (0, 1] (1: off).")
+@config_option("min_p", float, "Drop tokens less likely than this fraction of the most likely one (0: off).")
+@config_option("repetition_penalty", float, "> 1 makes tokens already in the prompt or output less likely (1: off).")
 @click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS", callback=_logit_bias_callback,
               help="Add BIAS (-100..100) to token ID's logit (repeatable).")
 @click.option("--stop-token-id", "stop_token_ids", type=click.IntRange(min=0), multiple=True, metavar="ID",
               help="End the answer after this token, as after EOS (repeatable).")
-@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True,
-              help="Random seed: same seed, same output.")
+@config_option("seed", int, "Random seed: same seed, same output.")
 @click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto",
               help="Tokens drafted per target call, or 'auto' to choose each iteration "
                    "(default: the artifact's tuned K, else 4).")
-@click.option("--drafter", type=click.Choice(DRAFTER_CHOICES), default=DEFAULTS.drafter, show_default=True,
-              help="auto: what `specdec tune` stored, else the artifact's draft model if it has one, "
-                   "else prompt lookup (n-gram). ngram+model: prompt lookup where the context repeats "
-                   "an n-gram, the draft model elsewhere.")
+@config_option("drafter", click.Choice(DRAFTER_CHOICES),
+               "auto: what `specdec tune` stored, else the artifact's draft model if it has one, else prompt lookup "
+               "(n-gram). ngram+model: prompt lookup where the context repeats an n-gram, the draft model elsewhere.")
 @click.option("--no-draft", is_flag=True, help="Plain target-only decoding (same as --drafter none).")
-@click.option("--max-draft-tokens-auto", type=int, default=DEFAULTS.max_draft_tokens_auto, show_default=True,
-              help=f"Cap on K under '-k auto' (1..{MAX_DRAFT_TOKENS}; auto times target calls up to cap + 1 "
-                   "tokens once).")
+@config_option("max_draft_tokens_auto", int,
+               f"Cap on K under '-k auto' (1..{MAX_DRAFT_TOKENS}; auto times target calls up to cap + 1 tokens once).")
 @click.option("--ngram-min", type=int, default=None,
               help="n-gram drafter: shortest context suffix to look up (1 also drafts after single-token matches; "
                    "default: 1 under '-k auto', which learns whether they pay, else 2).")
-@click.option("--ngram-max", type=int, default=DEFAULTS.ngram_max, show_default=True,
-              help="n-gram drafter: longest context suffix to look up (longer matches are tried first).")
+@config_option("ngram_max", int, "n-gram drafter: longest context suffix to look up (longer matches are tried first).")
 @click.option("--phrases/--no-phrases", default=DEFAULTS.phrases, show_default=True,
               help="n-gram drafter: where the context has no match of 2+ tokens, propose the target's usual "
                    "continuation from the artifact's phrase table (built by `specdec phrases`; no effect without one).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template as a user message.")
 @click.option("--stop", "stop_strings", multiple=True, metavar="TEXT", help="Stop when this text appears (repeatable).")
-@click.option("--provider", type=click.Choice(PROVIDER_CHOICES), default="auto", show_default=True,
-              help="onnxruntime execution provider; auto uses CUDA when onnxruntime-gpu can load it.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="onnxruntime intra-op threads (default: all cores).")
+@provider_option("onnxruntime execution provider; auto uses CUDA when onnxruntime-gpu can load it.")
+@threads_option("onnxruntime intra-op threads (default: all cores).")
 @click.option("--shared-threads/--no-shared-threads", default=False, show_default=True,
               help="With a draft model or head: run it and the target on one onnxruntime thread pool, which "
                    "keeps spinning for whichever runs next (faster drafting on few cores; the pool then serves "
                    "every onnxruntime session of the process).")
 @click.option("--verbose", "-v", is_flag=True, help="Show each iteration's drafted and accepted tokens.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, ids, finish reason, stats).")
+@json_option("Print one JSON object (text, ids, finish reason, stats).")
 @one_line_errors
-def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, logit_bias,
-             stop_token_ids, seed, num_draft_tokens, drafter,
-             no_draft, max_draft_tokens_auto, ngram_min, ngram_max, phrases, chat, stop_strings, provider, threads,
-             shared_threads, verbose, as_json) -> None:
+def generate(artifact, prompt, num_draft_tokens, drafter, no_draft, provider, threads, shared_threads, verbose, as_json,
+             **settings) -> None:
     """Generate a completion of PROMPT with the artifact in ARTIFACT, streaming the text."""
     from specdec.runtime.engine import Engine
 
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        logit_bias=logit_bias,
-        stop_token_ids=tuple(stop_token_ids),
-        seed=seed,
-        num_draft_tokens=parse_draft_tokens(num_draft_tokens),
-        drafter="none" if no_draft else drafter,
-        max_draft_tokens_auto=max_draft_tokens_auto,
-        ngram_min=ngram_min,
-        ngram_max=ngram_max,
-        phrases=phrases,
-        stop_strings=tuple(stop_strings),
-        chat=chat,
-    )
+    # Every other option is the GenerationConfig field of its name (click passes repeated options as tuples).
+    config = GenerationConfig(**settings, num_draft_tokens=parse_draft_tokens(num_draft_tokens),
+                              drafter="none" if no_draft else drafter)
     config.validate()
     engine = Engine.load(artifact, provider=provider, threads=threads, shared_threads=shared_threads)
 
@@ -344,8 +321,7 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, min_p,
 @click.option("--max-k", type=click.IntRange(1, MAX_DRAFT_TOKENS), default=DEFAULTS.max_draft_tokens_auto,
               show_default=True,
               help="Largest K to measure; also auto's cap while it is measured.")
-@click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True,
-              help="Tokens generated per prompt and run.")
+@max_new_tokens_option(64, "Tokens generated per prompt and run.", lowest=2, highest=4096)
 @click.option("--repeats", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Runs per prompt and K; the measured speedup pools decode tokens/s over all of them.")
 @click.option("--no-measure", is_flag=True, help="Only time the calls and estimate alpha; skip the K sweep.")
@@ -353,11 +329,9 @@ def generate(artifact, prompt, max_new_tokens, temperature, top_k, top_p, min_p,
               help="Where to write the PNG of expected vs measured speedup.")
 @click.option("--no-plot", is_flag=True, help="Write no PNG.")
 @click.option("--no-save", is_flag=True, help="Do not store the recommended K in the artifact.")
-@click.option("--provider", type=click.Choice(PROVIDER_CHOICES), default="auto", show_default=True,
-              help="onnxruntime execution provider.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="onnxruntime intra-op threads (default: all cores).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@provider_option("onnxruntime execution provider.")
+@threads_option("onnxruntime intra-op threads (default: all cores).")
+@json_option("Print the report as JSON.")
 @one_line_errors
 def tune(artifact, prompts_file, drafter, max_k, max_new_tokens, repeats, no_measure, plot, no_plot, no_save, provider,
          threads, as_json) -> None:

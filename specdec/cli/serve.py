@@ -9,7 +9,7 @@ import sys
 import click
 
 from specdec.cli.errors import one_line_errors
-from specdec.cli.options import draft_tokens_callback
+from specdec.cli.options import draft_tokens_callback, provider_option, threads_option
 from specdec.runtime.config import DRAFTER_CHOICES
 from specdec.models.errors import MissingDependencyError, SpecdecError
 
@@ -39,10 +39,9 @@ from specdec.models.errors import MissingDependencyError, SpecdecError
               help="Seconds from arrival (queue included) before a request is cut off (504).")
 @click.option("--max-tokens-default", type=click.IntRange(min=1), default=256, show_default=True,
               help="max_tokens when a request sets none.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="onnxruntime intra-op threads (default: every core with --max-batch > 1, "
-                   "else cores / max-concurrency).")
-@click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@threads_option("onnxruntime intra-op threads (default: every core with --max-batch > 1, else cores / "
+                "max-concurrency).")
+@provider_option()
 @click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto", callback=draft_tokens_callback,
               help="Default K (requests may set num_draft_tokens). Default: the artifact's.")
 @click.option("--drafter", type=click.Choice(DRAFTER_CHOICES), default="auto", show_default=True,

@@ -56,27 +56,15 @@ def _config(family: str, role: str, vocab_size: int):
     from transformers import GPT2Config, LlamaConfig
 
     big = role == "target"
+    # Sizes both families share, by transformers' common names (GPT2Config maps them onto n_embd, n_layer, ...).
+    shared = dict(vocab_size=vocab_size, hidden_size=64 if big else 32, num_hidden_layers=2 if big else 1,
+                  num_attention_heads=4 if big else 2, max_position_embeddings=512,
+                  initializer_range=0.2)  # peaked logits: few near-ties in greedy tests
     if family == "llama":
-        return LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=64 if big else 32,
-            intermediate_size=128 if big else 64,
-            num_hidden_layers=2 if big else 1,
-            num_attention_heads=4 if big else 2,
-            num_key_value_heads=2 if big else 1,
-            max_position_embeddings=512,
-            initializer_range=0.2,  # peaked logits: few near-ties in greedy tests
-            tie_word_embeddings=False,
-        )
+        return LlamaConfig(**shared, intermediate_size=128 if big else 64, num_key_value_heads=2 if big else 1,
+                           tie_word_embeddings=False)
     if family == "gpt2":
-        return GPT2Config(
-            vocab_size=vocab_size,
-            n_embd=64 if big else 32,
-            n_layer=2 if big else 1,
-            n_head=4 if big else 2,
-            n_positions=512,
-            initializer_range=0.2,
-        )
+        return GPT2Config(**shared)
     raise ValueError(f"no tiny model for family '{family}'; choose from {FAMILIES}")
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Collection
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -288,48 +289,29 @@ def _get(data: dict, key: str, kinds: tuple, where: str, optional: bool = False)
     return value
 
 
+# Each GraphSpec field's JSON types, in the dataclass's order: the order a manifest's fields are checked in.
+_GRAPH_FIELDS: dict[str, tuple] = {
+    "role": (str,), "files": (list,), "sha256": (dict,), "kv_slice_file": (str,), "model_type": (str,),
+    "family": (str,), "num_layers": (int,), "num_kv_heads": (int,), "head_dim": (int,), "kv_dtype": (str,),
+    "input_ids_name": (str,), "attention_mask_name": (str,), "position_ids_name": (str,), "past_names": (list,),
+    "present_names": (list,), "logits_name": (str,), "max_positions": (int,), "vocab_size": (int,),
+    "weights_dtype": (str,), "source": (str,), "revision": (str,), "optimization": (dict,), "kv_buffer": (str,),
+    "seqlens_name": (str,), "total_length_name": (str,), "logits_rows_name": (str,), "hidden_name": (str,),
+    "hidden_layers": (list,), "min_rows": (int,), "attention_pad_rows": (int,), "greedy_head": (dict,),
+    "long_call_name": (str,), "head_row_start_name": (str,), "ragged_file": (str,), "ragged_rows": (int,),
+    "row_tokens_name": (str,),
+}
+# Fields without a default whose None means something (see GraphSpec): a manifest may leave them out or null.
+_GRAPH_NULLABLE = frozenset({"kv_slice_file", "attention_mask_name", "position_ids_name"})
+# Fields a manifest may leave out or null: those, and every field with a default (added by later versions).
+_GRAPH_OPTIONAL = _GRAPH_NULLABLE | {
+    f.name for f in fields(GraphSpec) if f.default is not MISSING or f.default_factory is not MISSING}
+
+
 def _graph_from_dict(data: Any, where: str) -> GraphSpec:
-    s = lambda k, opt=False: _get(data, k, (str,), where, opt)  # noqa: E731
-    i = lambda k: _get(data, k, (int,), where)  # noqa: E731
-    spec = GraphSpec(
-        role=s("role"),
-        files=_get(data, "files", (list,), where),
-        sha256=_get(data, "sha256", (dict,), where),
-        kv_slice_file=s("kv_slice_file", True),
-        model_type=s("model_type"),
-        family=s("family"),
-        num_layers=i("num_layers"),
-        num_kv_heads=i("num_kv_heads"),
-        head_dim=i("head_dim"),
-        kv_dtype=s("kv_dtype"),
-        input_ids_name=s("input_ids_name"),
-        attention_mask_name=s("attention_mask_name", True),
-        position_ids_name=s("position_ids_name", True),
-        past_names=_get(data, "past_names", (list,), where),
-        present_names=_get(data, "present_names", (list,), where),
-        logits_name=s("logits_name"),
-        max_positions=i("max_positions"),
-        vocab_size=i("vocab_size"),
-        weights_dtype=s("weights_dtype"),
-        source=s("source"),
-        revision=s("revision", True),
-        optimization=_get(data, "optimization", (dict,), where, True) or {},
-        kv_buffer=s("kv_buffer", True) or "concat",
-        seqlens_name=s("seqlens_name", True),
-        total_length_name=s("total_length_name", True),
-        logits_rows_name=s("logits_rows_name", True),
-        hidden_name=s("hidden_name", True),
-        hidden_layers=list(_get(data, "hidden_layers", (list,), where, True) or []),
-        min_rows=1 if data.get("min_rows") is None else _get(data, "min_rows", (int,), where),
-        attention_pad_rows=(0 if data.get("attention_pad_rows") is None
-                            else _get(data, "attention_pad_rows", (int,), where)),
-        greedy_head=_get(data, "greedy_head", (dict,), where, True),
-        long_call_name=s("long_call_name", True),
-        head_row_start_name=s("head_row_start_name", True),
-        ragged_file=s("ragged_file", True),
-        ragged_rows=_get(data, "ragged_rows", (int,), where, True) or 0,
-        row_tokens_name=s("row_tokens_name", True),
-    )
+    values = _fields(data, where, _GRAPH_FIELDS, _GRAPH_OPTIONAL)
+    # Absent or null, a field with a default takes GraphSpec's (kv_buffer "concat", min_rows 1, optimization {}, ...).
+    spec = GraphSpec(**{key: value for key, value in values.items() if value is not None or key in _GRAPH_NULLABLE})
     if not spec.files:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' is empty")
     for name, pairs in (("past_names", spec.past_names), ("present_names", spec.present_names)):
@@ -361,16 +343,16 @@ def _graph_from_dict(data: Any, where: str) -> GraphSpec:
     return spec
 
 
-def _fields(data: Any, where: str, required: dict[str, tuple], optional: dict[str, tuple] = {}) -> dict[str, Any]:
-    """Return {field: value} for the required and optional fields of one manifest object, each type-checked."""
-    values = {key: _get(data, key, kinds, where) for key, kinds in required.items()}
-    return {**values, **{key: _get(data, key, kinds, where, True) for key, kinds in optional.items()}}
+def _fields(data: Any, where: str, kinds: dict[str, tuple], optional: Collection[str] = ()) -> dict[str, Any]:
+    """Return {field: value} for the fields of one manifest object, each type-checked in the order of `kinds`;
+    an `optional` field absent or null is None."""
+    return {key: _get(data, key, types, where, key in optional) for key, types in kinds.items()}
 
 
 def _tokenizer_from_dict(data: Any) -> TokenizerSpec:
     spec = TokenizerSpec(**_fields(data, "tokenizer", {
-        "files": (list,), "sha256": (dict,), "vocab_size": (int,), "eos_token_ids": (list,)}, {
-        "bos_token_id": (int,), "pad_token_id": (int,), "chat_template": (str,)}))
+        "files": (list,), "sha256": (dict,), "vocab_size": (int,), "eos_token_ids": (list,), "bos_token_id": (int,),
+        "pad_token_id": (int,), "chat_template": (str,)}, optional={"bos_token_id", "pad_token_id", "chat_template"}))
     if not any(f.endswith("tokenizer.json") for f in spec.files):
         raise ManifestError(f"{MANIFEST_FILENAME}: 'tokenizer.files' has no tokenizer.json")
     return spec

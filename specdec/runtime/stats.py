@@ -13,9 +13,14 @@ if TYPE_CHECKING:
     from specdec.runtime.loop import Iteration
 
 
+def ratio(numerator: float, denominator: float, empty: float | None = 0.0) -> float | None:
+    """Return numerator / denominator, or `empty` when the denominator is 0 (nothing counted or timed yet)."""
+    return numerator / denominator if denominator else empty
+
+
 def situation_alpha(counts: dict[str, int]) -> float | None:
     """Return accepted / acceptance tests of one GenerationStats.by_situation entry (None: no test)."""
-    return counts["accepted"] / counts["acceptance_tests"] if counts["acceptance_tests"] else None
+    return ratio(counts["accepted"], counts["acceptance_tests"], empty=None)
 
 
 @dataclass
@@ -58,22 +63,22 @@ class GenerationStats:
     @property
     def acceptance_rate(self) -> float:
         """Return accepted / drafted (0 when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return ratio(self.accepted, self.drafted)
 
     @property
     def alpha(self) -> float:
         """Return accepted / acceptance tests: the per-token acceptance probability estimate."""
-        return self.accepted / self.acceptance_tests if self.acceptance_tests else 0.0
+        return ratio(self.accepted, self.acceptance_tests)
 
     @property
     def tokens_per_target_call(self) -> float:
         """Return decode-phase tokens per target call (the prefill's token excluded)."""
-        return (self.new_tokens - 1) / self.iterations if self.iterations else 0.0
+        return ratio(self.new_tokens - 1, self.iterations)
 
     @property
     def tokens_per_second(self) -> float:
         """Return new tokens over the whole generation time, prefill included."""
-        return self.new_tokens / self.total_seconds if self.total_seconds else 0.0
+        return ratio(self.new_tokens, self.total_seconds)
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -103,7 +108,7 @@ class GenerationStats:
     @property
     def mean_draft_length(self) -> float:
         """Return drafted tokens per iteration."""
-        return self.drafted / self.iterations if self.iterations else 0.0
+        return ratio(self.drafted, self.iterations)
 
     def expected_speedup(self, call_cost: CallCost = paper_call_cost) -> float:
         """Return Theorem 3.8's speedup for the measured alpha and c over the K each iteration drafted.

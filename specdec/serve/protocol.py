@@ -84,6 +84,7 @@ class _Common(BaseModel):
     specdec_stats: StrictBool | None = None  # include this request's speculative stats
     specdec_tokens: StrictBool | None = None  # stream each token's text and how it came (the page at /)
     # OpenAI fields specdec refuses unless they hold their neutral value (see unsupported())
+    # Same shape as the vLLM block below by design: pydantic reads the request schema from one declaration per field.
     n: StrictInt | None = None
     best_of: StrictInt | None = None
     logprobs: Any = None
@@ -101,7 +102,7 @@ class _Common(BaseModel):
     modalities: Any = None
     prediction: Any = None
     web_search_options: Any = None
-    # vLLM's extensions that would change the answer and are not implemented
+    # vLLM's extensions that would change the answer and are not implemented (declared like OpenAI's above)
     ignore_eos: StrictBool | None = None
     min_tokens: StrictInt | None = None
     use_beam_search: StrictBool | None = None

@@ -2,11 +2,11 @@
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from specdec.exporter.grouped_attention import regroup_attention
+from tests.exporter.helpers import run_graph
 
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 8
 
@@ -45,22 +45,18 @@ def _attention_graph(num_kv_heads: int = KV_HEADS) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
 def test_regrouped_attention_matches_repeat_kv():
     model = _attention_graph()
     rng = np.random.default_rng(0)
     feeds = {"query": rng.standard_normal((1, HEADS, 3, HEAD_DIM), dtype=np.float32),
              "key": rng.standard_normal((1, KV_HEADS, 11, HEAD_DIM), dtype=np.float32),
              "value": rng.standard_normal((1, KV_HEADS, 11, HEAD_DIM), dtype=np.float32)}
-    expected = _run(model, feeds)
+    expected = run_graph(model, feeds)
     assert regroup_attention(model, HEADS, KV_HEADS) == 2
     onnx.checker.check_model(model)
     ops = [node.op_type for node in model.graph.node]
     assert "Expand" not in ops and "Unsqueeze" not in ops  # the copies are gone, not bypassed
-    got = _run(model, feeds)
+    got = run_graph(model, feeds)
     for a, b in zip(expected, got):
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

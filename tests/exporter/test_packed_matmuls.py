@@ -2,11 +2,11 @@
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from specdec.exporter.packed_matmuls import pack_shared_input_matmuls
 from specdec.models.manifest import load_manifest
+from tests.exporter.helpers import run_graph
 
 
 def _projections() -> onnx.ModelProto:
@@ -28,23 +28,19 @@ def _projections() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
 def test_packing_merges_only_private_weights_on_one_input_and_keeps_every_value():
     model = _projections()
     rng = np.random.default_rng(1)
     feeds = {"x": rng.standard_normal((1, 5, 8), dtype=np.float32),
              "y": rng.standard_normal((1, 5, 8), dtype=np.float32)}
-    expected = _run(model, feeds)
+    expected = run_graph(model, feeds)
     assert pack_shared_input_matmuls(model) == 2  # q, k, v -> one; y's pair shares w_shared with s2: untouched
     onnx.checker.check_model(model)
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("MatMul") == 4 and ops.count("Split") == 1
     packed = next(n for n in model.graph.node if n.op_type == "MatMul" and n.input[0] == "x" and "shared" not in n.input[1])
     assert numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == packed.input[1])).shape == (8, 10)
-    for got, want in zip(_run(model, feeds), expected):
+    for got, want in zip(run_graph(model, feeds), expected):
         np.testing.assert_array_equal(got, want)  # each column is the same dot product
     assert pack_shared_input_matmuls(model) == 0
 

@@ -149,6 +149,14 @@ def test_v1_manifest_still_loads_and_runs(artifact_copy):
     assert "exported before the optimization stage" in shown.output
 
 
+def test_every_graph_field_is_read_in_the_dataclass_order():
+    from dataclasses import fields
+
+    from specdec.models.manifest import _GRAPH_FIELDS, GraphSpec
+
+    assert list(_GRAPH_FIELDS) == [f.name for f in fields(GraphSpec)]
+
+
 def test_kv_buffer_field(artifact_copy):
     def to_v2(data):
         data["version"] = 2
