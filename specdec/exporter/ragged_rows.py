@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
-from specdec.exporter.attention_rows import pad_attention_queries, strip_attention_pad
+from specdec.exporter.attention_rows import ATTENTION_PAD_ROWS, strip_attention_pad
 from specdec.exporter.onnx_export import external_data_files
 
 RAGGED_FILE = "ragged.onnx"
@@ -37,12 +38,15 @@ def _attention(node: onnx.NodeProto) -> onnx.NodeProto | None:
     return None
 
 
-def ragged_graph(model: onnx.ModelProto, rows: int, seqlens_name: str) -> int:
+def ragged_graph(model: onnx.ModelProto, rows: int, seqlens_name: str, query_pad: int = 0) -> int:
     """Rewrite a shared-KV GroupQueryAttention graph into its ragged-rows form (in place); return the layers.
     Raise ValueError (the model untouched) for an attention the rewrite cannot split.
 
     Each attention's q/k/v [1, T, ...] (packed or not) are split along the tokens by `row_tokens`; row r's op reads
-    `seqlens_k[r]` and its own past/present; the row outputs are concatenated back along the tokens.
+    `seqlens_k[r]` and its own past/present; the row outputs are concatenated back along the tokens. A row may
+    have no tokens (a slot no request holds: it costs no MatMul row): its op, which refuses an empty query, gets
+    one throwaway row, written past what the slot holds. `query_pad` throwaway rows follow every row's own
+    (the attention pad of specdec/exporter/attention_rows.py); rows after a row's own never change its outputs.
     """
     graph = model.graph
     for node in graph.node:  # refuse before changing anything
@@ -50,8 +54,7 @@ def ragged_graph(model: onnx.ModelProto, rows: int, seqlens_name: str) -> int:
         if op is not None and any(list(op.input)[9:]):
             raise ValueError(f"{op.name} has inputs past sin_cache ({', '.join(i for i in op.input[9:] if i)}), "
                              "which the ragged rewrite does not split per row")
-    row_seqlens = [f"{seqlens_name}_row{r}" for r in range(rows)]
-    nodes = [helper.make_node("Split", [seqlens_name], row_seqlens, axis=0, num_outputs=rows, name="ragged_seqlens")]
+    nodes, row_seqlens, row_pads, row_ends, total = _row_inputs(graph, rows, seqlens_name, query_pad)
     layers = 0
     for node in graph.node:
         op = _attention(node)
@@ -60,6 +63,9 @@ def ragged_graph(model: onnx.ModelProto, rows: int, seqlens_name: str) -> int:
             continue
         inputs, outputs = list(op.input), list(node.output)
         tag = f"ragged_{layers}"
+        if inputs[1] and inputs[2]:  # packed, each row's q/k/v take one Split output and one Pad, not three
+            nodes.append(helper.make_node("Concat", inputs[:3], [f"{tag}_qkv"], axis=2, name=f"{tag}_pack"))
+            inputs[:3] = [f"{tag}_qkv", "", ""]
         split = {}  # q (or packed q/k/v), k and v where given: each split along the tokens, row by row
         for index in (0, 1, 2):
             if inputs[index]:
@@ -67,12 +73,23 @@ def ragged_graph(model: onnx.ModelProto, rows: int, seqlens_name: str) -> int:
                 nodes.append(helper.make_node("Split", [inputs[index], ROW_TOKENS_NAME], split[index], axis=1,
                                               name=f"{tag}_split{index}"))
         for r in range(rows):
-            qkv = [split[index][r] if index in split else "" for index in (0, 1, 2)]
+            qkv = []
+            for index in (0, 1, 2):
+                if index in split:
+                    padded = f"{split[index][r]}_padded"
+                    nodes.append(helper.make_node("Pad", [split[index][r], row_pads[r]], [padded], mode="constant",
+                                                  name=f"{tag}_pad{index}_{r}"))
+                    qkv.append(padded)
+                else:
+                    qkv.append("")
             row = helper.make_node(
-                op.op_type, [*qkv, f"{inputs[3]}.{r}", f"{inputs[4]}.{r}", row_seqlens[r], *inputs[6:9]],
-                [f"{tag}_out{r}", f"{outputs[1]}.{r}", f"{outputs[2]}.{r}"], name=f"{tag}_row{r}", domain=op.domain)
+                op.op_type, [*qkv, f"{inputs[3]}.{r}", f"{inputs[4]}.{r}", row_seqlens[r], total, *inputs[7:9]],
+                [f"{tag}_padded_out{r}", f"{outputs[1]}.{r}", f"{outputs[2]}.{r}"], name=f"{tag}_row{r}",
+                domain=op.domain)
             row.attribute.extend(op.attribute)
             nodes.append(row)
+            nodes.append(helper.make_node("Slice", [f"{tag}_padded_out{r}", _ZERO, row_ends[r], _ONE],
+                                          [f"{tag}_out{r}"], name=f"{tag}_keep{r}"))
         nodes.append(helper.make_node("Concat", [f"{tag}_out{r}" for r in range(rows)], [outputs[0]], axis=1,
                                       name=f"{tag}_concat"))
         layers += 1
@@ -97,6 +114,39 @@ def ragged_graph(model: onnx.ModelProto, rows: int, seqlens_name: str) -> int:
     return layers
 
 
+_ZERO, _ONE = "ragged_zero", "ragged_one"  # int64 [1]
+
+
+def _row_inputs(graph: onnx.GraphProto, rows: int, seqlens_name: str,
+                query_pad: int) -> tuple[list[onnx.NodeProto], list[str], list[str], list[str], str]:
+    """Return the nodes that compute, once per call, each row's attention inputs, and their names: (nodes, seqlens_k
+    per row, Pad widths per row, tokens per row (where its outputs end), total_sequence_length)."""
+    attention = next(_attention(n) for n in graph.node if _attention(n) is not None)
+    total_name = attention.input[6]
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array([0], np.int64), _ZERO), numpy_helper.from_array(np.array([1], np.int64), _ONE),
+        numpy_helper.from_array(np.zeros(4, np.int64), "ragged_zeros4"),
+        numpy_helper.from_array(np.array(query_pad, np.int32), "ragged_query_pad")])
+    # extra[r]: throwaway query rows after row r's own: the pad, and one more for a row with no tokens
+    nodes = [helper.make_node("Less", [ROW_TOKENS_NAME, _ONE], ["ragged_empty"], name="ragged_empty"),
+             helper.make_node("Cast", ["ragged_empty"], ["ragged_fill"], to=TensorProto.INT64, name="ragged_fill"),
+             helper.make_node("Add", ["ragged_fill", _ONE if query_pad else _ZERO], ["ragged_extra"],
+                              name="ragged_extra"),
+             helper.make_node("Cast", ["ragged_extra"], ["ragged_extra32"], to=TensorProto.INT32,
+                              name="ragged_extra32"),
+             helper.make_node("Add", [seqlens_name, "ragged_extra32"], ["ragged_seqlens_all"], name="ragged_seqlens"),
+             helper.make_node("Add", [total_name, "ragged_query_pad"], ["ragged_total"], name="ragged_total")]
+    names = [[f"ragged_{part}_row{r}" for r in range(rows)] for part in ("seqlens", "extra", "pads", "ends")]
+    seqlens, extra, pads, ends = names
+    nodes += [helper.make_node("Split", [whole], parts, axis=0, num_outputs=rows, name=f"ragged_split_{part}")
+              for whole, parts, part in (("ragged_seqlens_all", seqlens, "seqlens"), ("ragged_extra", extra, "extra"),
+                                         (ROW_TOKENS_NAME, ends, "ends"))]
+    # Pad widths of a [1, tokens, width] input: nothing before, extra[r] rows after on the tokens axis
+    nodes += [helper.make_node("Concat", ["ragged_zeros4", extra[r], _ZERO], [pads[r]], axis=0,
+                               name=f"ragged_pads_row{r}") for r in range(rows)]
+    return nodes, seqlens, pads, ends, "ragged_total"
+
+
 def _per_row(value: onnx.ValueInfoProto, name: str) -> onnx.ValueInfoProto:
     dims = value.type.tensor_type.shape.dim
     shape = [1, dims[1].dim_value or dims[1].dim_param, "capacity", dims[3].dim_value or dims[3].dim_param]
@@ -109,18 +159,16 @@ def write_ragged_graph(graph_path: Path, rows: int, seqlens_name: str) -> tuple[
     attention cannot be split per row."""
     structure = onnx.load(str(graph_path), load_external_data=False)
     earlier = set(external_data_files(structure)) - {DATA_FILE}  # a large model's own data file(s), if any
-    padded = strip_attention_pad(structure) > 0  # the pad goes on each row's attention instead
-    ragged_graph(structure, rows, seqlens_name)  # raises here, before any file changes
+    # the attention pad goes on each row's own attention instead
+    query_pad = ATTENTION_PAD_ROWS if strip_attention_pad(structure) else 0
+    ragged_graph(structure, rows, seqlens_name, query_pad)  # raises here, before any file changes
     model = onnx.load(str(graph_path))
     onnx.save_model(model, str(graph_path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=DATA_FILE, size_threshold=1024)  # the proto now points at the file, no copies
     for name in earlier:  # their tensors are in DATA_FILE now
         graph_path.with_name(name).unlink(missing_ok=True)
-    if padded:
-        strip_attention_pad(model)
-    layers = ragged_graph(model, rows, seqlens_name)
-    if padded:
-        pad_attention_queries(model)
+    strip_attention_pad(model)
+    layers = ragged_graph(model, rows, seqlens_name, query_pad)
     ragged = graph_path.with_name(RAGGED_FILE)
     onnx.save(model, str(ragged))
     return ragged, layers

@@ -154,8 +154,8 @@ def ragged_rows_difference(session: ModelSession, prompts: list[list[int]]) -> f
     by batch-1 calls of the plain graph (0 is what the batch engine's exactness rests on).
 
     Row r of the graph gets a prompt (cycling through `prompts`) prefilled into its own KV slot, then
-    1 + r % 5 new tokens in the one ragged call; each row's caches are rolled back and the same tokens
-    scored alone.
+    1 + r % 5 new tokens in the one ragged call, but for the last row, which takes none (a free slot's row);
+    each row's caches are rolled back and the same tokens scored alone.
     """
     from specdec.runtime.slots import SlotArena
 
@@ -167,10 +167,10 @@ def ragged_rows_difference(session: ModelSession, prompts: list[list[int]]) -> f
         session.forward(cache, prompts[row % len(prompts)], logits_rows=1)
     lengths = [cache.length for cache in caches]
     vocab = session.spec.vocab_size
-    new = [[(31 * row + 7 * j + 1) % vocab for j in range(1 + row % 5)] for row in range(rows)]
-    together = session.forward_ragged(arena.ragged_binding(), caches, new, lengths)
+    new = [[(31 * row + 7 * j + 1) % vocab for j in range(1 + row % 5)] for row in range(rows - 1)] + [[]]
+    together = session.forward_ragged(arena.ragged_binding(), caches[:-1] + [None], new, lengths)
     worst = 0.0
-    for row, cache in enumerate(caches):
+    for row, cache in enumerate(caches[:-1]):
         cache.rollback(lengths[row])
         alone = session.forward(cache, new[row], logits_rows=len(new[row]))
         worst = max(worst, float(np.abs(alone - together[row]).max()))

@@ -112,7 +112,7 @@ class BatchEngine:
         if max_batch < 1:
             raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
         self.engine = engine
-        self.arena = SlotArena(engine.target, max_batch, kv_capacity)
+        self.arena = SlotArena(engine.target, max_batch, kv_capacity, keep_prefixes=prefix_cache)
         self.batch_costs = BatchCallCosts()
         self.verify_costs = BatchCallCosts()  # a speculating request's drafting + batch-1 verify call, by tokens
         self.ragged_costs = BatchCallCosts()  # one ragged-rows call (every slot's row), by tokens
@@ -157,8 +157,9 @@ class BatchEngine:
         return self.arena.positions_used / (self.arena.slots * self.arena.capacity)
 
     def time_batch_calls(self, repeats: int = 3) -> dict[int, float]:
-        """Time batched calls over 1, 2, 4, ... rows, and ragged-rows calls over 1, 3 and 5 tokens a row (every
-        row idle, attending over CALIBRATION_PAST positions) before any request; return seconds by rows.
+        """Time batched calls over 1, 2, 4, ... rows, and ragged-rows calls over 1, half and all rows of 1 token and
+        all rows of 3 and 5 (every row attending over CALIBRATION_PAST positions) before any request; return the
+        batched calls' seconds by rows.
 
         Call before submitting: the scheduler must not run beside it.
         """
@@ -175,15 +176,16 @@ class BatchEngine:
             self.batch_costs.observe(rows, min(times[1:]))
         if self.arena.ragged:
             slots = self.max_batch
-            for per_row in (1, 3, 5):
+            for active, per_row in ((1, 1), (max(slots // 2, 1), 1), (slots, 1), (slots, 3), (slots, 5)):
+                rows = [[0] * per_row] * active + [[]] * (slots - active)  # slots no request holds take no tokens
                 times = []
                 for _ in range(repeats + 1):
                     start = time.perf_counter()
-                    target.forward_ragged(self.arena.ragged_binding(), [None] * slots, [[0] * per_row] * slots,
-                                          [past] * slots)
+                    target.forward_ragged(self.arena.ragged_binding(), [None] * slots, rows,
+                                          [past] * active + [self.arena.idle_length(s) for s in range(active, slots)])
                     times.append(time.perf_counter() - start)
-                self.ragged_costs.observe(slots * per_row, min(times[1:]))
-                self._ragged_shapes.add(slots * per_row)
+                self.ragged_costs.observe(active * per_row, min(times[1:]))
+                self._ragged_shapes.add(active * per_row)
         return self.batch_costs.table()
 
     def generate(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig()):
@@ -347,8 +349,8 @@ class BatchEngine:
         rows, caches, lengths = [], [], []
         for slot in range(self.max_batch):
             i = index.get(slot)
-            if i is None:  # the graph has a row per slot: a free slot's row writes past what it keeps
-                rows.append([0])
+            if i is None:  # the graph has a row per slot: a free slot's row takes no token
+                rows.append([])
                 caches.append(None)
                 lengths.append(self.arena.idle_length(slot))
             else:
@@ -408,11 +410,9 @@ class BatchEngine:
 
         plain_rows = len(running) - len(candidates)
         if self._ragged_mode(running):
-            fillers = self.max_batch - len(running)
-            plain_step = ((lambda rows: self.ragged_costs.seconds(rows + fillers)) if self._plain_steps_ragged()
-                          else self.batch_costs.seconds)
-            lengths = choose_draft_lengths_ragged(candidates, plain_rows, fillers, plain_step,
-                                                  self.ragged_costs.seconds, margin=DRAFT_MARGIN)
+            plain_step = self.ragged_costs.seconds if self._plain_steps_ragged() else self.batch_costs.seconds
+            lengths = choose_draft_lengths_ragged(candidates, plain_rows, plain_step, self.ragged_costs.seconds,
+                                                  margin=DRAFT_MARGIN)
             for i, k in zip(where, lengths):
                 ks[i] = k
             return ks

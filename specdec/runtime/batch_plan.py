@@ -65,14 +65,14 @@ def choose_speculating(candidates: list[DraftCandidate], plain_rows: int, batch_
     return chosen
 
 
-def choose_draft_lengths_ragged(candidates: list[DraftCandidate], plain_rows: int, filler_tokens: int,
+def choose_draft_lengths_ragged(candidates: list[DraftCandidate], plain_rows: int,
                                 batch_seconds: Callable[[int], float], ragged_seconds: Callable[[int], float],
                                 margin: float = 1.0) -> list[int]:
     """Return each candidate's K this step (0: it decodes one token) when verify rows share one ragged call.
 
     With no drafts the step is the batched decode call over its rows, batch_seconds(rows); with any, one
-    ragged-rows call over every token of the step (each row's 1 + k, plus `filler_tokens` for the graph's
-    idle rows), ragged_seconds(tokens). A request's j-th draft adds its chance of acceptance (all j accepted)
+    ragged-rows call over every token of the step (each row's 1 + k; the graph's idle rows take none),
+    ragged_seconds(tokens). A request's j-th draft adds its chance of acceptance (all j accepted)
     for one more token in the call, so drafts are taken best first across requests, and every count of
     them is scored (the first draft switches the call, so stopping at the first loss would stop short);
     the most expected tokens per second wins, drafts counting only where they promise `margin` times the
@@ -89,7 +89,7 @@ def choose_draft_lengths_ragged(candidates: list[DraftCandidate], plain_rows: in
         if count:
             gain += drafts[count - 1][0]
         drafted = fixed_tokens + count
-        seconds = ragged_seconds(rows + drafted + filler_tokens) if drafted else batch_seconds(rows)
+        seconds = ragged_seconds(rows + drafted) if drafted else batch_seconds(rows)
         rate = (rows + gain) / max(seconds, 1e-9) / (margin if count else 1.0)
         if rate > best_rate:
             best, best_rate = count, rate

@@ -209,14 +209,14 @@ class ModelSession:
         r (bound in `call`); return each row's logits [len(rows[r]), vocab] (a row of its own batch-1 call's).
 
         caches[r] is row r's request cache (its tokens are appended), or None for a row that only fills the
-        graph's fixed row count: its one token lands past whatever its slot holds. greedy: every row wants
-        only its argmax, so a short call may read the 8-bit LM head.
+        graph's fixed row count: it may have no tokens (its attention's throwaway row lands past whatever its
+        slot holds). greedy: every row wants only its argmax, so a short call may read the 8-bit LM head.
         """
         spec = self.spec
         counts = np.array([len(r) for r in rows], dtype=np.int64)
         lengths = np.asarray(past_lengths, dtype=np.int64)
-        if counts.min() < 1 or len(rows) != spec.ragged_rows:
-            raise ValueError(f"the ragged graph takes {spec.ragged_rows} rows of at least one token each")
+        if len(rows) != spec.ragged_rows or any(c is not None and not r for c, r in zip(caches, rows)):
+            raise ValueError(f"the ragged graph takes {spec.ragged_rows} rows, each request's with a token at least")
         for cache, row in zip(caches, rows):
             if cache is not None:
                 cache.reserve(cache.length + len(row) + spec.attention_pad_rows)
@@ -228,8 +228,9 @@ class ModelSession:
             positions = np.concatenate([np.arange(past, past + n) for past, n in zip(lengths, counts)])
             io.bind_cpu_input(spec.position_ids_name, positions[None, :].astype(np.int64))
         io.bind_cpu_input(spec.seqlens_name, (lengths + counts - 1).astype(np.int32))
-        # Never equal to a row's own count while it has a past: the op would read the call as a prompt.
-        io.bind_cpu_input(spec.total_length_name, np.array((lengths + counts).max(), dtype=np.int32))
+        # Never equal to a row's own count while it has a past: the op would read the call as a prompt. An
+        # empty row's attention gets one throwaway token (the graph adds it).
+        io.bind_cpu_input(spec.total_length_name, np.array((lengths + np.maximum(counts, 1)).max(), dtype=np.int32))
         io.bind_cpu_input(spec.row_tokens_name, counts)
         _bind_head_rows(io, spec, RowPlan(0, total, total, 0, slice(0, total), slice(0, total)), head is not None)
         if spec.long_call_name:

@@ -45,7 +45,7 @@ class SlotCache(KVCache):
 class SlotArena:
     """`slots` KV slots of `capacity` positions for one shared-buffer model session (CPU)."""
 
-    def __init__(self, session: ModelSession, slots: int, capacity: int):
+    def __init__(self, session: ModelSession, slots: int, capacity: int, keep_prefixes: bool = False):
         if not session.shared_kv:
             raise GenerationError("this artifact's target graph returns a new KV cache every call (concat: "
                                   "--no-shared-kv, or a family without a shared buffer); the batch engine needs "
@@ -64,6 +64,8 @@ class SlotArena:
             raise GenerationError("the batch engine runs on the CPU provider only for now (use --provider cpu)")
         self.session = session
         self.slots = slots
+        # A free slot keeps its last request's KV for the prefix cache; else its row attends over nothing.
+        self.keep_prefixes = keep_prefixes
         # Requests stay below the last position (a check against the fixed capacity, kept from when parked rows
         # wrote there; they now write just past what their slot holds: idle_length).
         self.capacity = min(capacity, spec.max_positions)
@@ -131,6 +133,8 @@ class SlotArena:
     def give(self, cache: SlotCache) -> None:
         """Take back a slot whose request has ended."""
         cache.release()
+        if not self.keep_prefixes:
+            cache.kept_ids = ()
         with self._lock:
             self._releases += 1
             cache.released = self._releases

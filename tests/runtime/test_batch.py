@@ -179,14 +179,14 @@ def test_with_ragged_rows_drafts_pay_by_the_tokens_they_add_to_the_one_call():
     ones draft alone; a middling alpha drafts fewer than its policy's K."""
     plain = lambda n: 0.0 if n == 0 else 0.0185 + 0.00135 * n  # noqa: E731
     ragged = lambda tokens: 0.0245 + 0.0013 * tokens  # noqa: E731
-    assert choose_draft_lengths_ragged([DraftCandidate(4, 0.9)] * 8, 0, 0, plain, ragged) == [4] * 8
-    assert choose_draft_lengths_ragged([DraftCandidate(4, 0.2)] * 8, 0, 0, plain, ragged) == [0] * 8
+    assert choose_draft_lengths_ragged([DraftCandidate(4, 0.9)] * 8, 0, plain, ragged) == [4] * 8
+    assert choose_draft_lengths_ragged([DraftCandidate(4, 0.2)] * 8, 0, plain, ragged) == [0] * 8
     mixed = [DraftCandidate(4, 0.95)] * 2 + [DraftCandidate(4, 0.1)] * 6
-    assert choose_draft_lengths_ragged(mixed, 0, 0, plain, ragged) == [4] * 2 + [0] * 6
-    middling = choose_draft_lengths_ragged([DraftCandidate(6, 0.7)] * 8, 0, 0, plain, ragged)
+    assert choose_draft_lengths_ragged(mixed, 0, plain, ragged) == [4] * 2 + [0] * 6
+    middling = choose_draft_lengths_ragged([DraftCandidate(6, 0.7)] * 8, 0, plain, ragged)
     assert 0 < middling[0] < 6 and len(set(middling)) <= 2, middling
     # a K the user fixed is kept even where it costs
-    assert choose_draft_lengths_ragged([DraftCandidate(2, 0.05, adjustable=False)], 7, 0, plain, ragged) == [2]
+    assert choose_draft_lengths_ragged([DraftCandidate(2, 0.05, adjustable=False)], 7, plain, ragged) == [2]
 
 
 def test_batch_call_costs_interpolate_between_timed_row_counts():
@@ -231,6 +231,35 @@ def test_the_prefix_cache_skips_what_a_finished_request_left_in_its_slot(engine,
         assert batch.generate(prompt, config).token_ids == reference and fed[0] == 1
     finally:
         batch.shutdown()
+
+
+def test_a_free_slots_row_takes_no_token_and_attends_over_nothing_unless_it_keeps_a_prefix(engine, monkeypatch):
+    """A ragged call's rows for free slots feed no token (no MatMul row); without the prefix cache their
+    attention's throwaway row goes to position 0 (over nothing), with it past the prefix the slot keeps."""
+    calls = []
+    forward_ragged = engine.target.forward_ragged
+    monkeypatch.setattr(engine.target, "forward_ragged", lambda call, caches, rows, lengths, *rest: (
+        calls.append((caches, rows, lengths)), forward_ragged(call, caches, rows, lengths, *rest))[1])
+    prompt = PROMPT_SET[0]
+    reference = engine.generate(prompt, GenerationConfig(max_new_tokens=12, drafter="none")).token_ids
+    for keep in (False, True):
+        batch = BatchEngine(engine, max_batch=8, kv_capacity=128, prefix_cache=keep)
+        try:
+            batch.generate(PROMPT_SET[1], GenerationConfig(max_new_tokens=6, drafter="none"))  # leaves slot 0
+            calls.clear()
+            configs = [GenerationConfig(max_new_tokens=12, drafter="ngram", num_draft_tokens=2, ngram_min=1)] * 2
+            results = _concurrently(batch, [prompt, prompt], configs)
+        finally:
+            batch.shutdown()
+        assert [r.token_ids for r in results] == [reference] * 2
+        assert calls, "no ragged call"
+        kept = len(batch.arena._caches[0].kept_ids)  # the first request's tokens, kept only for the prefix cache
+        assert (kept > 0) == keep
+        for caches, rows, lengths in calls:
+            free = [s for s, c in enumerate(caches) if c is None]
+            assert len(free) == 6 and all(rows[s] == [] for s in free)
+            # with the prefix cache the two requests took empty slots 1 and 2, slot 0 keeping its prefix
+            assert [lengths[s] for s in free] == ([kept] if keep else []) + [0] * (6 - keep), (keep, lengths)
 
 
 _SHARED_POOL_SCRIPT = """
