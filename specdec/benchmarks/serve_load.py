@@ -467,8 +467,10 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
                                                                                drafter_list.index(k[1])))]
     differ = mismatches([cell for cell in cells.values() if cell.server not in plain])
     setup = {
-        "setup": (f"{cores} cores; servers {', '.join(targets)}; {generations} concurrent generations per server "
-                  f"(engine threads {max(1, cores // generations)} each); {len(cases)} prompts "
+        "setup": (f"{cores} cores; servers {', '.join(targets)}; "
+                  + (f"{generations} concurrent generations per server (engine threads {max(1, cores // generations)} "
+                     "each); " if kinds else "servers started by the caller, as configured there; ")
+                  + f"{len(cases)} prompts "
                   f"({Path(prompts_path or PROMPTS_FILE).name}), streamed greedy chat completions, max_tokens "
                   f"{max_tokens}; {requests} requests per cell in {repeats} alternating rounds; closed-loop clients; "
                   f"machine load average {load_before} at the start, {_loadavg()} at the end"),

@@ -107,7 +107,7 @@ class SlotArena:
         Without `prompt_ids` (or no free slot sharing `min_prefix` tokens with it), the lowest free slot,
         empty. With them, the free slot whose last request shares the longest prefix with the prompt: its
         cache then already holds that prefix (all of the prompt but its last token at most), which the
-        prefill skips.
+        prefill skips; but an empty slot where that prefix is under half the prompt and the slot holds more.
         """
         with self._lock:
             if not self._free:
@@ -118,7 +118,11 @@ class SlotArena:
                     common = _common_prefix(self._caches[slot].kept_ids, prompt_ids)
                     if common > shared:
                         best, shared = slot, common
-            if shared < min_prefix:
+            empty = [s for s in self._free if not self._caches[s].kept_ids]
+            # Reusing under half the prompt (a shared system prompt) would cut a longer cached context short:
+            # an empty slot costs only those few tokens' prefill.
+            if shared < min_prefix or (empty and 2 * shared < len(prompt_ids)
+                                       and len(self._caches[best].kept_ids) > shared):
                 shared = 0
                 # Keep the cached prefixes most likely to be asked for again: an empty slot, else the one
                 # given back longest ago. Without a prompt, the lowest slot (the batched calls' rows stay few).

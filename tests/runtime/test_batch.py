@@ -229,6 +229,33 @@ def test_the_prefix_cache_skips_what_a_finished_request_left_in_its_slot(engine,
         assert fed[0] == len(other)
         fed.clear()  # the other prompt took the empty slot: the first prompt's prefix is still there
         assert batch.generate(prompt, config).token_ids == reference and fed[0] == 1
+        # a prompt sharing 16+ tokens, under half of it, with the first: no empty slot left, it reuses them
+        longer = prompt[:16] + engine.prompt_ids(" and then something else entirely, at some length" * 2)
+        fed.clear()
+        batch.generate(longer, config)
+        assert fed[0] == len(longer) - 16
+    finally:
+        batch.shutdown()
+
+
+def test_a_prompt_sharing_only_a_short_prefix_takes_an_empty_slot_over_a_longer_cached_context(engine, monkeypatch):
+    """A shared system prompt is not worth cutting another conversation's cache short while a slot is empty."""
+    prompt = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four, five, six, seven")
+    longer = prompt[:16] + engine.prompt_ids(" and then something else entirely, at some length" * 2)
+    config = GenerationConfig(max_new_tokens=8, drafter="none")
+    fed = []
+    forward = engine.target.forward
+    monkeypatch.setattr(engine.target, "forward",
+                        lambda cache, ids, **options: fed.append(len(ids)) or forward(cache, ids, **options))
+    batch = BatchEngine(engine, max_batch=3, kv_capacity=128, prefix_cache=True)
+    try:
+        batch.generate(prompt, config)
+        fed.clear()
+        batch.generate(longer, config)
+        assert fed[0] == len(longer)  # an empty slot: the 16 shared tokens prefilled again
+        fed.clear()
+        batch.generate(prompt, config)
+        assert fed[0] == 1  # the first conversation's cache was left whole
     finally:
         batch.shutdown()
 
