@@ -25,7 +25,7 @@ from specdec.models.manifest import (
     sha256_of_file,
     write_manifest,
 )
-from specdec.exporter.onnx_export import export_onnx, read_layout, reread_kv_dtype_and_files
+from specdec.exporter.onnx_export import export_onnx, external_data_files, read_layout, reread_kv_dtype_and_files
 from specdec.exporter.kv_slice import write_kv_slice_graph
 from specdec.exporter.logits_rows import LOGITS_ROWS_NAME
 from specdec.exporter.half_precision import convert_graph_to_fp16
@@ -194,14 +194,14 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
     ragged_file = None
     # fp32 or int4 weights (MatMulNBits' rows are independent of the call's rows, docs/INT4.md; int8's not
     # measured), fp32 compute: the batch engine runs on the CPU
-    if role == "target" and config.batch_rows and shared and config.dtype == "fp32" and config.weights in (None, "int4"):
+    if config.batch_rows and shared and config.dtype == "fp32" and config.weights in (None, "int4"):
         try:
             ragged_path, layers = write_ragged_graph(folder / layout.files[0], config.batch_rows, SEQLENS_NAME)
         except ValueError as err:
             progress(f"{role}: no ragged-rows graph ({err}); the batch engine verifies each request alone")
         else:
-            progress(f"{role}: a ragged-rows graph for the batch engine ({config.batch_rows} sequences per call, "
-                     "drafts included)")
+            progress(f"{role}: a ragged-rows graph for the batch engine ({config.batch_rows} sequences per call"
+                     + (", drafts included)" if role == "target" else ")"))
             layout = reread_kv_dtype_and_files(folder / layout.files[0], layout)  # the weights moved to a data file
             ragged_file = f"{role}/{ragged_path.name}"
             optimization["ragged_rows"] = {"rows": config.batch_rows, "layers": layers,
@@ -254,19 +254,33 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
 def _quantized_copy(target: GraphSpec, staging: Path, weights: str, progress: Progress) -> GraphSpec:
     """Return the spec of a draft that is the target graph with its weights quantized."""
     progress(f"draft: quantizing a copy of the target to {weights}")
-    shutil.copytree(staging / "target", staging / "draft")
-    files = [f"draft/{Path(f).name}" for f in target.files]
-    record = quantize_graph(staging / files[0], weights, DRAFT_ACCURACY_LEVEL)
+    folder = staging / "draft"
+    shutil.copytree(staging / "target", folder)
+    graph = folder / Path(target.graph_file).name
+    record = quantize_graph(graph, weights, DRAFT_ACCURACY_LEVEL)  # the weights now inside the graph file
+    for stale in set(p.name for p in folder.iterdir()) - {graph.name} - ({Path(target.kv_slice_file).name}
+                                                                         if target.kv_slice_file else set()):
+        (folder / stale).unlink()  # the target's data file and ragged-rows graph
+    ragged = {}
+    if target.ragged_file:
+        progress(f"draft: a ragged-rows graph for the batch engine ({target.ragged_rows} sequences per call)")
+        ragged_path, _ = write_ragged_graph(graph, target.ragged_rows, SEQLENS_NAME)
+        ragged = dict(ragged_file=f"draft/{ragged_path.name}", ragged_rows=target.ragged_rows,
+                      row_tokens_name=ROW_TOKENS_NAME)
+    files = [f"draft/{graph.name}"] + [f"draft/{name}" for name in external_data_files(
+        onnx.load(str(graph), load_external_data=False))]
     kv_slice = f"draft/{Path(target.kv_slice_file).name}" if target.kv_slice_file else None
+    hashed = files + ([kv_slice] if kv_slice else []) + ([ragged["ragged_file"]] if ragged else [])
     return replace(
         target,
         role="draft",
         files=files,
-        sha256={rel: sha256_of_file(staging / rel) for rel in files + ([kv_slice] if kv_slice else [])},
+        sha256={rel: sha256_of_file(staging / rel) for rel in hashed},
         kv_slice_file=kv_slice,
         weights_dtype=weights,
         source=f"quantized:{weights} of {target.source}",
         optimization={**target.optimization, "quantization": record},
+        **{"ragged_file": None, "ragged_rows": 0, "row_tokens_name": None, **ragged},
     )
 
 
@@ -381,13 +395,15 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
         if target_spec.attention_pad_rows and drift != 0.0:
             raise ExportError(f"target graph: 1-token steps and verify calls still differ by {drift:.3g} in logits "
                               "after the attention pad; speculative greedy output would not be exact")
-        if target_spec.ragged_file:
-            ragged_diff = ragged_rows_difference(checked, prompts)
-            validation["target"]["ragged_rows_max_diff"] = ragged_diff
-            progress(f"target: ragged-rows graph against batch-1 calls: max |logit diff| {ragged_diff:.2e}")
-            if ragged_diff != 0.0:
-                raise ExportError(f"target graph: the ragged-rows graph differs from batch-1 calls by {ragged_diff:.3g} "
-                                  "in logits; export with --batch-rows 0")
+        for spec in (target_spec, draft_spec):
+            if spec is not None and spec.ragged_file:
+                session = checked if spec is target_spec else ModelSession(staging, spec, provider="cpu")
+                ragged_diff = ragged_rows_difference(session, prompts)
+                validation[spec.role]["ragged_rows_max_diff"] = ragged_diff
+                progress(f"{spec.role}: ragged-rows graph against batch-1 calls: max |logit diff| {ragged_diff:.2e}")
+                if ragged_diff != 0.0:
+                    raise ExportError(f"{spec.role} graph: the ragged-rows graph differs from batch-1 calls by "
+                                      f"{ragged_diff:.3g} in logits; export with --batch-rows 0")
         if target_spec.greedy_head:
             check = greedy_head_check(checked, prompts)
             validation["target"]["greedy_head"] = check

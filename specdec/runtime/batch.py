@@ -27,7 +27,9 @@ from typing import Callable, Iterator
 from specdec.models.errors import GenerationError
 from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, choose_draft_lengths_ragged,
                                         choose_speculating)
+from specdec.runtime.combined import CombinedDrafter
 from specdec.runtime.config import MAX_DRAFT_TOKENS, GenerationConfig
+from specdec.runtime.drafters import Drafter, ModelDrafter, Proposal
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
 from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
 from specdec.runtime.loop import Iteration, commit, draft, plan, prefill, verify_call
@@ -101,6 +103,13 @@ def _cautious_alpha(estimate) -> float:
     return min(estimate.alpha, record)
 
 
+def _model_side(drafter: Drafter | None) -> ModelDrafter | None:
+    """Return the draft model that drafts for `drafter` (itself, or a combined drafter's model side), if any."""
+    if isinstance(drafter, CombinedDrafter):
+        drafter = drafter.model
+    return drafter if isinstance(drafter, ModelDrafter) else None
+
+
 _END = object()  # the scheduler is done with a request (cancelled or shut down)
 
 
@@ -113,6 +122,12 @@ class BatchEngine:
             raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
         self.engine = engine
         self.arena = SlotArena(engine.target, max_batch, kv_capacity, keep_prefixes=prefix_cache)
+        # The draft model's KV slots follow the target's (request in slot s drafts in draft slot s), so that
+        # every drafting request's draft calls of a step share one ragged-rows call of the draft graph.
+        draft = engine.draft
+        self.draft_arena = (SlotArena(draft, max_batch, kv_capacity) if draft is not None and draft.shared_kv
+                            and draft.spec.ragged_rows == max_batch and draft.ragged_session() is not None else None)
+        self.draft_ragged_calls = 0  # rounds of draft calls that shared one ragged-rows call
         self.batch_costs = BatchCallCosts()
         self.verify_costs = BatchCallCosts()  # a speculating request's drafting + batch-1 verify call, by tokens
         self.ragged_costs = BatchCallCosts()  # one ragged-rows call (every slot's row), by tokens
@@ -275,6 +290,9 @@ class BatchEngine:
             self._release(request)
 
     def _admit(self, request: _Request) -> None:
+        model = _model_side(request.opened.state.drafter)
+        if model is not None and self.draft_arena is not None:
+            model.cache = self.draft_arena.cache_at(request.cache.slot)
         cache = request.cache
         cache.run_seconds = cache.rollback_seconds = 0.0
         cache.run_calls = 0
@@ -288,7 +306,7 @@ class BatchEngine:
         running = self._running
         plans = [plan(r.opened.state) for r in running]
         ks = self._draft_lengths(running, plans)
-        proposals = [draft(r.opened.state, k) for r, k in zip(running, ks)]
+        proposals = self._draft_all(running, ks)
         if self._ragged_mode(running) and (self._plain_steps_ragged() or any(p.tokens for p in proposals)):
             self._guarded_all(running, lambda: self._ragged_call(running, plans, proposals, start))
             self._running = [r for r in running if not self._ended(r)]
@@ -302,6 +320,52 @@ class BatchEngine:
             if proposal.tokens or not self.arena.plain_batches:
                 self._guarded(running[i], lambda r, i=i: self._verify(r, plans[i][0], proposals[i]))
         self._running = [r for r in running if not self._ended(r)]
+
+    def _draft_all(self, running: list[_Request], ks: list[int]) -> list[Proposal]:
+        """Return every running request's proposal of its k tokens. The draft models' calls of all requests go
+        round by round (catch-up, then one token at a time), each round one ragged-rows call of the draft graph
+        over every request still drafting (a lone one: its own batch-1 call, as the single loop makes)."""
+        proposals: list[Proposal | None] = [None] * len(running)
+        pending = {}  # request index -> (its draft calls, the tokens its next call feeds)
+        for i, (request, k) in enumerate(zip(running, ks)):
+            state = request.opened.state
+            model = _model_side(state.drafter)
+            if k == 0 or model is None or self.draft_arena is None:
+                proposals[i] = draft(state, k)
+                continue
+            calls = state.drafter.draft_calls(state.context, k)
+            try:
+                pending[i] = (calls, next(calls))
+            except StopIteration as done:  # prompt lookup's side of a combined drafter: no call
+                proposals[i] = done.value
+        session = self.engine.draft
+        while pending:
+            start = time.perf_counter()
+            models = {i: _model_side(running[i].opened.state.drafter) for i in pending}
+            batched = len(pending) > 1
+            if not batched:
+                (i, (_, feed)), = pending.items()
+                logits = {i: session.forward(models[i].cache, feed, logits_rows=1)[-1]}
+            else:
+                slots = {running[i].cache.slot: i for i in pending}
+                caches = [models[slots[s]].cache if s in slots else None for s in range(self.max_batch)]
+                rows = [pending[slots[s]][1] if s in slots else [] for s in range(self.max_batch)]
+                lengths = [c.length if c is not None else self.draft_arena.idle_length(s) for s, c in enumerate(caches)]
+                out = session.forward_ragged(self.draft_arena.ragged_binding(), caches, rows, lengths)
+                logits = {i: out[s][-1] for s, i in slots.items()}
+                self.draft_ragged_calls += 1
+            share = (time.perf_counter() - start) / len(pending)
+            for i in list(pending):
+                running[i].opened.state.draft_seconds += share
+                if batched:  # a batch-1 call counted itself
+                    models[i].cache.run_seconds += share
+                    models[i].cache.run_calls += 1
+                try:
+                    pending[i] = (pending[i][0], pending[i][0].send(logits[i]))
+                except StopIteration as done:
+                    proposals[i] = done.value
+                    del pending[i]
+        return proposals
 
     def _batched_call(self, running, plans, proposals, plain: list[int], step_start: float) -> None:
         states = [running[i].opened.state for i in plain]
@@ -440,6 +504,9 @@ class BatchEngine:
 
     def _release(self, request: _Request) -> None:
         cache = request.cache
+        model = _model_side(request.opened.state.drafter)
+        if cache is not None and model is not None and self.draft_arena is not None:
+            model.cache.token_ids = []  # a free draft slot's row attends over nothing
         if cache is not None:
             request.counters.run_seconds, request.counters.rollback_seconds = cache.run_seconds, cache.rollback_seconds
             request.cache = None

@@ -16,6 +16,8 @@ the n-gram side), so the output stays exactly the target's.
 
 from __future__ import annotations
 
+from typing import Generator
+
 import numpy as np
 
 from specdec.runtime.drafters import Drafter, DrafterStats, NgramDrafter, Proposal
@@ -58,6 +60,12 @@ class CombinedDrafter:
         """Return up to k tokens from the side situation() names for `context` (the n-gram side may find fewer)."""
         by_lookup = serves_by_lookup(self.ngram.situation(context))
         return self.ngram.propose(context, k) if by_lookup else self.model.propose(context, k)
+
+    def draft_calls(self, context: list[int], k: int) -> Generator[list[int], np.ndarray, Proposal]:
+        """Return the proposal `propose` would, as the model side's draft calls (none where prompt lookup drafts)."""
+        if serves_by_lookup(self.ngram.situation(context)):
+            return self.ngram.propose(context, k)
+        return (yield from self.model.draft_calls(context, k))
 
     def accept(self, context: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Let both sides drop what `context` did not keep (the model catches up lazily on its next proposal)."""

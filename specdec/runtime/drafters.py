@@ -16,7 +16,7 @@ rows of the target call for the positions just committed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Generator, Protocol
 
 import numpy as np
 
@@ -116,8 +116,26 @@ class ModelDrafter:
 
     def propose(self, context: list[int], k: int) -> Proposal:
         """Return k tokens sampled one at a time from the draft model, with their q rows."""
+        catch_up = True
+
+        def call(tokens: list[int]) -> np.ndarray:
+            nonlocal catch_up
+            before = self.cache.run_seconds
+            logits = self.session.forward(self.cache, tokens, logits_rows=1)[-1]
+            if not catch_up:  # drafting steps only: catch-up calls carry several tokens and would inflate c
+                self._step_seconds += self.cache.run_seconds - before
+                self._steps += 1
+            catch_up = False
+            return logits
+
+        return run_draft_calls(self.draft_calls(context, k), call)
+
+    def draft_calls(self, context: list[int], k: int) -> Generator[list[int], np.ndarray, Proposal]:
+        """Yield the tokens each draft call feeds to this drafter's cache, receive that call's last logits row;
+        return the Proposal. `propose` makes the calls one by one; the batch engine makes every drafting
+        request's calls of a step together (one ragged-rows call each round)."""
         # Catch up on the committed tokens the draft has not seen (at least the last one).
-        logits = self.session.forward(self.cache, context[self.cache.length:], logits_rows=1)[-1]
+        logits = yield context[self.cache.length:]
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for i in range(k):
@@ -131,10 +149,7 @@ class ModelDrafter:
                 rows.append(q)
             tokens.append(token)
             if i + 1 < k:
-                before = self.cache.run_seconds
-                logits = self.session.forward(self.cache, [token])[-1]
-                self._step_seconds += self.cache.run_seconds - before
-                self._steps += 1
+                logits = yield [token]
         return Proposal(tokens, np.stack(rows) if rows else None)
 
     def accept(self, context: list[int], target_hidden: np.ndarray | None = None) -> None:
@@ -146,6 +161,17 @@ class ModelDrafter:
             valid += 1
         self.cache.rollback(valid)
         self._checked = valid
+
+
+def run_draft_calls(calls: Generator[list[int], np.ndarray, Proposal],
+                    call: Callable[[list[int]], np.ndarray]) -> Proposal:
+    """Return the Proposal of a drafter's `draft_calls`, each call made by `call(tokens)` -> last logits row."""
+    try:
+        feed = next(calls)
+        while True:
+            feed = calls.send(call(feed))
+    except StopIteration as done:
+        return done.value
 
 
 class NgramDrafter:

@@ -134,6 +134,12 @@ class SlotArena:
         cache.token_ids = list(prompt_ids[:min(shared, len(prompt_ids) - 1)]) if shared else []
         return cache
 
+    def cache_at(self, slot: int) -> SlotCache:
+        """Return slot `slot`'s cache, emptied: for a second model whose slots follow the target's (the draft)."""
+        cache = self._caches[slot]
+        cache.token_ids = []
+        return cache
+
     def give(self, cache: SlotCache) -> None:
         """Take back a slot whose request has ended."""
         cache.release()

@@ -304,17 +304,3 @@ def test_llama_without_grouped_queries_gets_the_shared_buffer_too(tmp_path):
     spec = engine.generate("Hello world", GenerationConfig(max_new_tokens=16, num_draft_tokens=3))
     assert spec.token_ids == plain.token_ids and spec.stats.acceptance_rate > 0.9
 
-
-def test_export_prints_only_its_own_progress_lines(tiny_sources, tmp_path):
-    """As a user runs it (a fresh process): no library warnings or log lines, only specdec's progress."""
-    import re
-    import subprocess
-    import sys
-
-    target, draft = tiny_sources["llama"]
-    run = subprocess.run([sys.executable, "-m", "specdec.cli.main", "export", "--target", str(target), "--draft",
-                          str(draft), "--output", str(tmp_path / "art")], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
-    strays = [line for line in lines if not re.match(r"\[ *\d+\.\ds\] ", line)]
-    assert len(lines) > 5 and not strays, strays

@@ -26,7 +26,20 @@ def test_a_default_export_has_a_ragged_graph_equal_to_batch_1_calls(tiny_artifac
     assert locations == {"model.onnx.data"}
     attention = [n for n in ragged.graph.node if n.op_type == "GroupQueryAttention"]
     assert len(attention) == 8 * target.num_layers
-    assert manifest.draft is not None and manifest.draft.ragged_file is None  # drafts are not batched yet
+    draft = manifest.draft  # the draft model's calls of a step are batched too
+    assert draft.ragged_file == "draft/ragged.onnx" and draft.ragged_rows == 8
+    assert manifest.validation["draft"]["ragged_rows_max_diff"] == 0.0
+
+
+def test_a_quantized_copy_draft_has_its_own_ragged_graph_and_no_stale_target_files(tiny_sources, tmp_path):
+    target, _ = tiny_sources["llama"]
+    out = tmp_path / "art"
+    manifest = run_export(ExportConfig(target=str(target), draft="quantized:int4", output=out, min_agreement=0.0),
+                          progress=lambda m: None)
+    draft = load_manifest(out).draft  # every listed file present, sha256 checked
+    assert draft.files == ["draft/model.onnx", "draft/model.onnx.data"] and draft.ragged_file == "draft/ragged.onnx"
+    assert sorted(p.name for p in (out / "draft").iterdir()) == ["model.onnx", "model.onnx.data", "ragged.onnx"]
+    assert manifest.validation["draft"]["ragged_rows_max_diff"] == 0.0
 
 
 def test_batch_rows_zero_and_int8_targets_have_none(tiny_sources, tmp_path):

@@ -63,8 +63,10 @@ def test_greedy_under_load_equals_each_prompts_own_target_only_output(engine, cl
     assert [r.token_ids for r in results] == reference
     assert max(steps) >= 2, steps  # requests really shared calls
     assert sum(r.stats.accepted for r in results) > 0  # and some speculated
-    # 8 slots match the artifact's ragged-rows graph: verify rows shared the batched call; 4 slots verify alone
+    # 8 slots match the artifact's ragged-rows graphs: verify rows shared the batched call, and the draft
+    # model's calls of several requests one draft call; 4 slots verify and draft alone
     assert (batch.ragged_calls > 0) == (max_batch == engine.target.spec.ragged_rows), batch.ragged_calls
+    assert (batch.draft_ragged_calls > 0) == (max_batch == engine.draft.spec.ragged_rows), batch.draft_ragged_calls
 
 
 def test_seeded_sampled_requests_reproduce_under_load(engine):
