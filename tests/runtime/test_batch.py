@@ -81,7 +81,7 @@ def test_seeded_sampled_requests_reproduce_under_load(engine):
     finally:
         batch.shutdown()
     assert loaded == alone
-    assert batch.ragged_calls > 0
+    assert batch.ragged_calls > 0 and batch.draft_ragged_calls > 0  # verify rows and draft calls both shared
 
 
 def test_sampled_distribution_under_batching_is_the_targets(engine):
@@ -106,7 +106,7 @@ def test_sampled_distribution_under_batching_is_the_targets(engine):
                 counts[drafter][tuple(stream.result.token_ids[:4])] += 1
     finally:
         batch.shutdown()
-    assert max(steps) >= 4 and batch.ragged_calls > 0
+    assert max(steps) >= 4 and batch.ragged_calls > 0 and batch.draft_ragged_calls > 0
     for drafter, observed in counts.items():
         assert set(observed) <= set(exact), "sampled a sequence the target gives zero probability"
         chi2, critical = _chi_square(observed, exact, sum(observed.values()))
