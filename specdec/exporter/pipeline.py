@@ -258,9 +258,9 @@ def _quantized_copy(target: GraphSpec, staging: Path, weights: str, progress: Pr
     shutil.copytree(staging / "target", folder)
     graph = folder / Path(target.graph_file).name
     record = quantize_graph(graph, weights, DRAFT_ACCURACY_LEVEL)  # the weights now inside the graph file
-    for stale in set(p.name for p in folder.iterdir()) - {graph.name} - ({Path(target.kv_slice_file).name}
-                                                                         if target.kv_slice_file else set()):
-        (folder / stale).unlink()  # the target's data file and ragged-rows graph
+    kept = {graph.name} | ({Path(target.kv_slice_file).name} if target.kv_slice_file else set())
+    for stale in (p for p in folder.iterdir() if p.name not in kept):  # the target's data file, ragged graph, head
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     ragged = {}
     if target.ragged_file:
         progress(f"draft: a ragged-rows graph for the batch engine ({target.ragged_rows} sequences per call)")

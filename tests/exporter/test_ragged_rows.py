@@ -34,8 +34,8 @@ def test_a_default_export_has_a_ragged_graph_equal_to_batch_1_calls(tiny_artifac
 def test_a_quantized_copy_draft_has_its_own_ragged_graph_and_no_stale_target_files(tiny_sources, tmp_path):
     target, _ = tiny_sources["llama"]
     out = tmp_path / "art"
-    manifest = run_export(ExportConfig(target=str(target), draft="quantized:int4", output=out, min_agreement=0.0),
-                          progress=lambda m: None)
+    manifest = run_export(ExportConfig(target=str(target), draft="quantized:int4", output=out, min_agreement=0.0,
+                                       greedy_head=True), progress=lambda m: None)  # the target's head: a folder
     draft = load_manifest(out).draft  # every listed file present, sha256 checked
     assert draft.files == ["draft/model.onnx", "draft/model.onnx.data"] and draft.ragged_file == "draft/ragged.onnx"
     assert sorted(p.name for p in (out / "draft").iterdir()) == ["model.onnx", "model.onnx.data", "ragged.onnx"]
