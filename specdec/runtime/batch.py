@@ -123,10 +123,12 @@ class BatchEngine:
         self.engine = engine
         self.arena = SlotArena(engine.target, max_batch, kv_capacity, keep_prefixes=prefix_cache)
         # The draft model's KV slots follow the target's (request in slot s drafts in draft slot s), so that
-        # every drafting request's draft calls of a step share one ragged-rows call of the draft graph.
+        # every drafting request's draft calls of a step share one ragged-rows call of the draft graph (where it
+        # has one of max_batch rows), and a prompt reuses the draft's prefix too.
         draft = engine.draft
-        self.draft_arena = (SlotArena(draft, max_batch, kv_capacity) if draft is not None and draft.shared_kv
-                            and draft.spec.ragged_rows == max_batch and draft.ragged_session() is not None else None)
+        self.draft_arena = (SlotArena(draft, max_batch, kv_capacity, keep_prefixes=prefix_cache)
+                            if draft is not None and draft.shared_kv and draft.device == "cpu" and draft.batches
+                            else None)
         self.draft_ragged_calls = 0  # rounds of draft calls that shared one ragged-rows call
         self.batch_costs = BatchCallCosts()
         self.verify_costs = BatchCallCosts()  # a speculating request's drafting + batch-1 verify call, by tokens
@@ -292,7 +294,7 @@ class BatchEngine:
     def _admit(self, request: _Request) -> None:
         model = _model_side(request.opened.state.drafter)
         if model is not None and self.draft_arena is not None:
-            model.cache = self.draft_arena.cache_at(request.cache.slot)
+            model.cache = self.draft_arena.cache_at(request.cache.slot, request.opened.state.request.prompt_ids)
         cache = request.cache
         cache.run_seconds = cache.rollback_seconds = 0.0
         cache.run_calls = 0
@@ -330,7 +332,7 @@ class BatchEngine:
         for i, (request, k) in enumerate(zip(running, ks)):
             state = request.opened.state
             model = _model_side(state.drafter)
-            if k == 0 or model is None or self.draft_arena is None:
+            if k == 0 or model is None or self.draft_arena is None or not self.draft_arena.ragged:
                 proposals[i] = draft(state, k)
                 continue
             calls = state.drafter.draft_calls(state.context, k)
@@ -506,7 +508,7 @@ class BatchEngine:
         cache = request.cache
         model = _model_side(request.opened.state.drafter)
         if cache is not None and model is not None and self.draft_arena is not None:
-            model.cache.token_ids = []  # a free draft slot's row attends over nothing
+            self.draft_arena.free(model.cache)  # without the prefix cache its row then attends over nothing
         if cache is not None:
             request.counters.run_seconds, request.counters.rollback_seconds = cache.run_seconds, cache.rollback_seconds
             request.cache = None

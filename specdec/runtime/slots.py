@@ -134,11 +134,20 @@ class SlotArena:
         cache.token_ids = list(prompt_ids[:min(shared, len(prompt_ids) - 1)]) if shared else []
         return cache
 
-    def cache_at(self, slot: int) -> SlotCache:
-        """Return slot `slot`'s cache, emptied: for a second model whose slots follow the target's (the draft)."""
+    def cache_at(self, slot: int, prompt_ids: list[int]) -> SlotCache:
+        """Return slot `slot`'s cache for a request of `prompt_ids`, for a second model whose slots follow the
+        target's (the draft): holding the prefix it kept that the prompt starts with (prefix cache), else empty."""
         cache = self._caches[slot]
-        cache.token_ids = []
+        shared = min(_common_prefix(cache.kept_ids, prompt_ids), len(prompt_ids) - 1)
+        cache.token_ids = list(prompt_ids[:shared]) if self.keep_prefixes else []
         return cache
+
+    def free(self, cache: SlotCache) -> None:
+        """Forget a cache's tokens when its request ends (kept as a prefix with the prefix cache), for a second
+        model whose slots follow the target's: its slot is the target slot's, never taken or given here."""
+        cache.release()
+        if not self.keep_prefixes:
+            cache.kept_ids = ()
 
     def give(self, cache: SlotCache) -> None:
         """Take back a slot whose request has ended."""

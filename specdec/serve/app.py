@@ -75,9 +75,11 @@ class ServerState:
         log.info("batch engine: %d KV slots x %d positions, %.0f MB; batched call ms by rows: %s", self.batch.max_batch,
                  self.batch.arena.capacity, self.batch.arena.nbytes / 2 ** 20,
                  ", ".join(f"{rows}: {seconds * 1e3:.1f}" for rows, seconds in times.items()))
-        if self.batch.draft_arena is not None:
-            log.info("the draft model's calls of a step share one ragged-rows call: %d draft KV slots, %.0f MB",
-                     self.batch.max_batch, self.batch.draft_arena.nbytes / 2 ** 20)
+        draft_arena = self.batch.draft_arena
+        if draft_arena is not None:
+            log.info("draft model: %d KV slots, %.0f MB; %s", self.batch.max_batch, draft_arena.nbytes / 2 ** 20,
+                     "a step's draft calls share one ragged-rows call" if draft_arena.ragged
+                     else "each drafting request's calls run alone (no draft ragged-rows graph of this many rows)")
         rows = engine.target.spec.ragged_rows
         if self.batch.arena.ragged:
             log.info("drafts share the step's call (ragged-rows graph); ms by tokens: %s", ", ".join(

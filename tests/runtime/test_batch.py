@@ -240,6 +240,27 @@ def test_the_prefix_cache_skips_what_a_finished_request_left_in_its_slot(engine,
         batch.shutdown()
 
 
+def test_the_draft_model_reuses_its_slots_prefix_too(engine, monkeypatch):
+    """With the prefix cache, the draft's slot keeps what its last request left: the same prompt again prefills
+    the draft with one token, and the text is still the target-only one."""
+    prompt = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four")
+    config = GenerationConfig(max_new_tokens=12, drafter="model", num_draft_tokens=2)
+    reference = engine.generate(prompt, GenerationConfig(max_new_tokens=12, drafter="none")).token_ids
+    fed = []
+    forward = engine.draft.forward
+    monkeypatch.setattr(engine.draft, "forward",
+                        lambda cache, ids, **options: fed.append(len(ids)) or forward(cache, ids, **options))
+    for keep in (False, True):
+        batch = BatchEngine(engine, max_batch=2, kv_capacity=128, prefix_cache=keep)
+        try:
+            assert batch.generate(prompt, config).token_ids == reference
+            fed.clear()
+            assert batch.generate(prompt, config).token_ids == reference
+        finally:
+            batch.shutdown()
+        assert fed[0] == (1 if keep else len(prompt)), (keep, fed)
+
+
 def test_a_prompt_sharing_only_a_short_prefix_takes_an_empty_slot_over_a_longer_cached_context(engine, monkeypatch):
     """A shared system prompt is not worth cutting another conversation's cache short while a slot is empty."""
     prompt = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four, five, six, seven")
