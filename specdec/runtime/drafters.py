@@ -107,8 +107,8 @@ class ModelDrafter:
                             self._step_seconds / self._steps if self._steps else None)
 
     def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
-        """Run the draft's prefill over the prompt (what its cache does not hold already: a batch slot's prefix)."""
-        self.session.forward(self.cache, prompt_ids[self.cache.length:], logits_rows=1)
+        """Nothing yet: the draft reads the prompt with its first proposal's catch-up, so a request that never
+        drafts (a batch plan that keeps giving it K = 0) never pays the draft's prefill."""
 
     def situation(self, context: list[int]) -> str:
         """Return "model": a sampled draft gives no cheap hint of how it will fare."""

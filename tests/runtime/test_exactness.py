@@ -121,7 +121,8 @@ def test_model_drafts_are_the_draft_models_own_greedy_continuation(engines):
 
 def test_draft_cache_catches_up_on_exactly_what_it_has_not_seen(engines, monkeypatch):
     """The draft's rollback keeps every still-valid position: each proposal's first call feeds one token
-    after a rejection (the recovered one) and two after a full accept (the last draft and the bonus).
+    after a rejection (the recovered one) and two after a full accept (the last draft and the bonus); the
+    first proposal's, the prompt and the first token (the draft has no prefill of its own).
 
     A rollback that drops one valid position too many still drafts the right tokens, so only the
     call lengths show it.
@@ -135,10 +136,12 @@ def test_draft_cache_catches_up_on_exactly_what_it_has_not_seen(engines, monkeyp
         calls.clear()
         iterations = []
         result = greedy(engine, prompt, drafter="model", num_draft_tokens=3, on_iteration=iterations.append)
-        expected, after_bonus = [len(result.prompt_ids)], False  # the draft's prefill
+        # no prefill of its own: the first proposal reads the prompt and the first token
+        expected, after_bonus, first = [], False, True
         for iteration in iterations:
             if iteration.drafted:
-                expected += [1 + after_bonus] + [1] * (len(iteration.drafted) - 1)
+                expected += [len(result.prompt_ids) + 1 if first else 1 + after_bonus] + [1] * (len(iteration.drafted) - 1)
+                first = False
                 after_bonus = iteration.is_bonus
                 seen.update(bonus=iteration.is_bonus, rejection=iteration.rejected)
         assert calls == expected, (prompt, calls, expected)
