@@ -32,7 +32,7 @@ from specdec.runtime.config import MAX_DRAFT_TOKENS, GenerationConfig
 from specdec.runtime.drafters import Drafter, ModelDrafter, Proposal
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
 from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
-from specdec.runtime.loop import Iteration, commit, draft, plan, prefill, verify_call
+from specdec.runtime.loop import MAX_DRAFT_ROOM, Iteration, commit, draft, plan, prefill, verify_call
 from specdec.runtime.slots import SlotArena, SlotCache
 
 DEFAULT_MAX_BATCH = 8
@@ -108,6 +108,15 @@ def _model_side(drafter: Drafter | None) -> ModelDrafter | None:
     if isinstance(drafter, CombinedDrafter):
         drafter = drafter.model
     return drafter if isinstance(drafter, ModelDrafter) else None
+
+
+def _draft_lag(state, situation: str | None) -> int:
+    """Return the committed tokens a request's draft model has not read yet, where the model would draft next
+    (0 for prompt lookup, which reads nothing)."""
+    model = _model_side(state.drafter)
+    if model is None or (isinstance(state.drafter, CombinedDrafter) and not (situation or "").startswith("model")):
+        return 0
+    return len(state.context) - model.cache.length
 
 
 _END = object()  # the scheduler is done with a request (cancelled or shut down)
@@ -462,6 +471,10 @@ class BatchEngine:
         for i, (request, (situation, k)) in enumerate(zip(running, plans)):
             if k > 0:
                 candidate = _candidate(request.opened, situation, k)
+                if candidate.adjustable and _draft_lag(request.opened.state, situation) > MAX_DRAFT_ROOM:
+                    # Its draft model would first read all it has not seen (a prefill's cost, every row waiting).
+                    ks[i] = 0
+                    continue
                 candidates.append(replace(candidate, kept=request.kept(k)) if candidate.adjustable else candidate)
                 where.append(i)
         if not candidates:

@@ -262,6 +262,37 @@ def test_the_draft_model_reuses_its_slots_prefix_too(engine, monkeypatch):
         assert fed[0] == (2 if keep else len(prompt) + 1), (keep, fed)
 
 
+def test_under_load_a_draft_model_never_catches_up_on_a_whole_context(engine, monkeypatch):
+    """A request whose draft model has not read its context (admitted beside others: the draft has no prefill)
+    gets K = 0 while others run, unless its K is its own: a catch-up would cost a prefill, every row waiting.
+    Alone, it drafts as the single loop does."""
+    from specdec.runtime.loop import MAX_DRAFT_ROOM
+
+    monkeypatch.setattr("specdec.runtime.batch.DRAFT_MARGIN", 1e-6)  # the plan takes every draft it is offered
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
+    long_feeds = []
+    forward, forward_ragged = engine.draft.forward, engine.draft.forward_ragged
+
+    def watched(cache, ids, **options):
+        if len(ids) > MAX_DRAFT_ROOM and batch.num_running > 1:
+            long_feeds.append(len(ids))
+        return forward(cache, ids, **options)
+
+    monkeypatch.setattr(engine.draft, "forward", watched)
+    monkeypatch.setattr(engine.draft, "forward_ragged", lambda call, caches, rows, *rest: (
+        long_feeds.extend(len(r) for r in rows if len(r) > MAX_DRAFT_ROOM), forward_ragged(call, caches, rows, *rest))[1])
+    prompts = PROMPT_SET[:6]
+    reference = [engine.generate(p, GenerationConfig(max_new_tokens=16, drafter="none")).token_ids for p in prompts]
+    configs = [GenerationConfig(max_new_tokens=16, drafter="model", num_draft_tokens="auto")] * 6
+    try:
+        results = _concurrently(batch, prompts, configs)
+        assert batch.generate(prompts[0], configs[0]).stats.drafted > 0  # alone it drafts
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference
+    assert long_feeds == []
+
+
 def test_a_prompt_sharing_only_a_short_prefix_takes_an_empty_slot_over_a_longer_cached_context(engine, monkeypatch):
     """A shared system prompt is not worth cutting another conversation's cache short while a slot is empty."""
     prompt = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four, five, six, seven")
