@@ -5,7 +5,8 @@ GenerationStream as `Engine.stream`). Each step, every running request is planne
 committed by the loop's own steps (specdec/runtime/loop.py); between them the scheduler makes ONE
 target call: the batched decode call when no row speculates, else one call of the artifact's
 ragged-rows graph over every row's last token and drafts (specdec/exporter/ragged_rows.py). An
-artifact without that graph verifies each speculating request in a batch-1 call of its own.
+artifact without that graph verifies each speculating request in a batch-1 call of its own. Draft
+models' calls are shared the same way, round by round, in the draft's own ragged-rows graph.
 batch_plan.py chooses which requests speculate, from measured call costs. New requests are
 admitted between steps, each prefilled into its own KV slot (slots.py).
 
