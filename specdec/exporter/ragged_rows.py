@@ -63,9 +63,6 @@ def ragged_graph(model: onnx.ModelProto, rows: int, seqlens_name: str, query_pad
             continue
         inputs, outputs = list(op.input), list(node.output)
         tag = f"ragged_{layers}"
-        if inputs[1] and inputs[2]:  # packed, each row's q/k/v take one Split output and one Pad, not three
-            nodes.append(helper.make_node("Concat", inputs[:3], [f"{tag}_qkv"], axis=2, name=f"{tag}_pack"))
-            inputs[:3] = [f"{tag}_qkv", "", ""]
         split = {}  # q (or packed q/k/v), k and v where given: each split along the tokens, row by row
         for index in (0, 1, 2):
             if inputs[index]:
