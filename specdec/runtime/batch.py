@@ -33,7 +33,7 @@ from specdec.runtime.config import MAX_DRAFT_TOKENS, GenerationConfig
 from specdec.runtime.drafters import Drafter, ModelDrafter, Proposal
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
 from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
-from specdec.runtime.loop import MAX_DRAFT_ROOM, Iteration, commit, draft, plan, prefill, verify_call
+from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeState, Iteration, commit, draft, plan, prefill, verify_call
 from specdec.runtime.slots import SlotArena, SlotCache
 
 DEFAULT_MAX_BATCH = 8
@@ -111,7 +111,7 @@ def _model_side(drafter: Drafter | None) -> ModelDrafter | None:
     return drafter if isinstance(drafter, ModelDrafter) else None
 
 
-def _draft_lag(state, situation: str | None) -> int:
+def _draft_lag(state: DecodeState, situation: str | None) -> int:
     """Return the committed tokens a request's draft model has not read yet, where the model would draft next
     (0 for prompt lookup, which reads nothing)."""
     model = _model_side(state.drafter)
