@@ -18,6 +18,7 @@ admitted between steps, each prefilled into its own KV slot (slots.py).
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -62,6 +63,7 @@ class _Request:
     cancelled: threading.Event = field(default_factory=threading.Event)
     cache: SlotCache | None = None
     counters: _Counters = field(default_factory=_Counters)
+    passed_over: int = 0  # times a request behind it was admitted first (the prefix cache's choice)
     # per draft position j (index j - 1): iterations that tested the j-th draft, and that accepted it
     tested: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
     passed: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
@@ -284,7 +286,7 @@ class BatchEngine:
                     break
                 admitted = []
                 while self._waiting and self.arena.used < self.arena.slots:
-                    request = self._waiting.popleft()
+                    request = self._next_waiting()
                     if request.cancelled.is_set():
                         request.out.put(_END)
                         continue
@@ -300,6 +302,22 @@ class BatchEngine:
         for request in list(self._waiting) + self._running:
             request.out.put(_END)
             self._release(request)
+
+    def _next_waiting(self) -> _Request:
+        """Return (and dequeue) the next request to admit: the first waiting, unless the prefix cache holds a
+        longer prefix for one of the next 2 x `max_batch` (then that one; no request is passed over more than
+        `max_batch` times). Requests of equal length otherwise land on each other's cached prompts whenever
+        slots free one at a time."""
+        if not self.prefix_cache or len(self._waiting) == 1:
+            return self._waiting.popleft()
+        window = list(itertools.islice(self._waiting, 2 * self.max_batch))
+        shared = [self.arena.cached_prefix(r.opened.state.request.prompt_ids) for r in window]
+        best = shared.index(max(shared))  # the first of the longest: order kept among equals
+        best = next((i for i in range(best) if window[i].passed_over >= self.max_batch), best)
+        for request in window[:best]:
+            request.passed_over += 1
+        del self._waiting[best]
+        return window[best]
 
     def _admit(self, request: _Request) -> None:
         model = _model_side(request.opened.state.drafter)

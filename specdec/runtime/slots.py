@@ -101,6 +101,13 @@ class SlotArena:
             free = set(self._free)
         return sum(c.length for s, c in enumerate(self._caches) if s not in free)
 
+    def cached_prefix(self, prompt_ids: list[int], min_prefix: int = 16) -> int:
+        """Return the longest prefix of `prompt_ids` that a free slot keeps (0 below `min_prefix`)."""
+        with self._lock:
+            free = list(self._free)
+        shared = max((_common_prefix(self._caches[s].kept_ids, prompt_ids) for s in free), default=0)
+        return shared if shared >= min_prefix else 0
+
     def take(self, prompt_ids: list[int] | None = None, min_prefix: int = 16) -> SlotCache | None:
         """Return a free slot's cache, or None when every slot is held.
 

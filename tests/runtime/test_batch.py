@@ -379,3 +379,46 @@ def test_on_one_thread_pool_plain_steps_take_the_batched_call_and_drafts_the_rag
                           *PROMPT_SET[:8]], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-3:] == ["True", "True", "True"], out.stdout
+
+
+def test_with_the_prefix_cache_a_waiting_prompt_that_matches_the_freed_slot_goes_first(engine, monkeypatch):
+    """One slot holding prompt A's context; B (another prompt) and then A again wait: A goes first and
+    prefills one token. Without the prefix cache the queue stays first come, first served."""
+    a = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four, five, six")
+    b = engine.prompt_ids("Paris is the capital of France, and Berlin is the capital of Germany.")
+    config = GenerationConfig(max_new_tokens=6, drafter="none")
+    for keep in (True, False):
+        fed = []
+        forward = engine.target.forward
+        monkeypatch.setattr(engine.target, "forward",
+                            lambda cache, ids, **options: fed.append(len(ids)) or forward(cache, ids, **options))
+        batch = BatchEngine(engine, max_batch=1, kv_capacity=128, prefix_cache=keep)
+        try:
+            batch.generate(a, config)  # the slot now keeps A's context
+            fed.clear()
+            with batch._wake:  # the scheduler waits until both are queued
+                streams = [batch.stream(b, config), batch.stream(a, config)]
+            results = _concurrently_streams(streams)
+        finally:
+            monkeypatch.undo()
+            batch.shutdown()
+        assert all(results)
+        # fed: the prefills, in admission order. With the cache: A (one token: its slot kept it) before B
+        assert fed[0] == (1 if keep else len(b)), (keep, fed)
+
+
+def _concurrently_streams(streams):
+    """Return each stream's token ids, consumed on threads of their own."""
+    results = [None] * len(streams)
+
+    def consume(i):
+        for _ in streams[i]:
+            pass
+        results[i] = streams[i].result.token_ids
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(streams))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
