@@ -1,7 +1,8 @@
 """Drafters: whatever proposes tokens for the target to verify.
 
 The loop talks to a drafter through four calls, llama.cpp-style:
-- `begin(prompt_ids)`: the draft's prefill, once, after the target's;
+- `begin(prompt_ids)`: the prompt, once, after the target's prefill (a draft model reads it with its first
+  proposal: a request that never drafts never pays its prefill);
 - `situation(context)` -> a label for the kind of proposal it would make next (one label
   for a drafter that cannot tell); `-k auto` keeps one acceptance estimate per label;
 - `propose(context, k)` -> Proposal: up to k tokens, and their q rows (None: deterministic,

@@ -154,7 +154,7 @@ def prefill(target: ModelSession, cache: KVCache, state: DecodeState) -> Iterati
     state.iteration = _finish(Iteration([], 0, state.context[-1:], False, None, prefill=True,
                                         target_seconds=time.perf_counter() - start), request, state.context, 1)
     if state.drafting and not state.iteration.finished:
-        state.draft_seconds = _timed(state.drafter.begin, request.prompt_ids, state.states)  # the draft's prefill
+        state.draft_seconds = _timed(state.drafter.begin, request.prompt_ids, state.states)  # the drafter takes the prompt
     return state.iteration
 
 
