@@ -29,15 +29,28 @@ def engine(tiny_close_artifacts):
 
 def _concurrently(batch, prompts, configs):
     """Return the GenerationResults of all prompts submitted at once, each consumed on its own thread."""
-    results = [None] * len(prompts)
-    streams = [batch.stream(p, c) for p, c in zip(prompts, configs)]
+    return _consumed([batch.stream(p, c) for p, c in zip(prompts, configs)])
+
+
+def _record_feeds(monkeypatch, session):
+    """Return a list that gets the token count of every `session.forward` call from now on (prefills, mostly)."""
+    fed = []
+    forward = session.forward
+    monkeypatch.setattr(session, "forward", lambda cache, ids, **options: fed.append(len(ids)) or forward(cache, ids,
+                                                                                                          **options))
+    return fed
+
+
+def _consumed(streams):
+    """Return each stream's GenerationResult, the streams consumed on threads of their own."""
+    results = [None] * len(streams)
 
     def consume(i):
         for _ in streams[i]:
             pass
         results[i] = streams[i].result
 
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(prompts))]
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(streams))]
     for t in threads:
         t.start()
     for t in threads:
@@ -214,10 +227,7 @@ def test_the_prefix_cache_skips_what_a_finished_request_left_in_its_slot(engine,
     prompt = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four")
     config = GenerationConfig(max_new_tokens=12, drafter="none")
     reference = engine.generate(prompt, config).token_ids
-    fed = []
-    forward = engine.target.forward
-    monkeypatch.setattr(engine.target, "forward",
-                        lambda cache, ids, **options: fed.append(len(ids)) or forward(cache, ids, **options))
+    fed = _record_feeds(monkeypatch, engine.target)
     batch = BatchEngine(engine, max_batch=2, kv_capacity=128, prefix_cache=True)
     try:
         assert batch.generate(prompt, config).token_ids == reference
@@ -246,10 +256,7 @@ def test_the_draft_model_reuses_its_slots_prefix_too(engine, monkeypatch):
     prompt = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four")
     config = GenerationConfig(max_new_tokens=12, drafter="model", num_draft_tokens=2)
     reference = engine.generate(prompt, GenerationConfig(max_new_tokens=12, drafter="none")).token_ids
-    fed = []
-    forward = engine.draft.forward
-    monkeypatch.setattr(engine.draft, "forward",
-                        lambda cache, ids, **options: fed.append(len(ids)) or forward(cache, ids, **options))
+    fed = _record_feeds(monkeypatch, engine.draft)
     for keep in (False, True):
         batch = BatchEngine(engine, max_batch=2, kv_capacity=128, prefix_cache=keep)
         try:
@@ -298,10 +305,7 @@ def test_a_prompt_sharing_only_a_short_prefix_takes_an_empty_slot_over_a_longer_
     prompt = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four, five, six, seven")
     longer = prompt[:16] + engine.prompt_ids(" and then something else entirely, at some length" * 2)
     config = GenerationConfig(max_new_tokens=8, drafter="none")
-    fed = []
-    forward = engine.target.forward
-    monkeypatch.setattr(engine.target, "forward",
-                        lambda cache, ids, **options: fed.append(len(ids)) or forward(cache, ids, **options))
+    fed = _record_feeds(monkeypatch, engine.target)
     batch = BatchEngine(engine, max_batch=3, kv_capacity=128, prefix_cache=True)
     try:
         batch.generate(prompt, config)
@@ -388,17 +392,14 @@ def test_with_the_prefix_cache_a_waiting_prompt_that_matches_the_freed_slot_goes
     b = engine.prompt_ids("Paris is the capital of France, and Berlin is the capital of Germany.")
     config = GenerationConfig(max_new_tokens=6, drafter="none")
     for keep in (True, False):
-        fed = []
-        forward = engine.target.forward
-        monkeypatch.setattr(engine.target, "forward",
-                            lambda cache, ids, **options: fed.append(len(ids)) or forward(cache, ids, **options))
+        fed = _record_feeds(monkeypatch, engine.target)
         batch = BatchEngine(engine, max_batch=1, kv_capacity=128, prefix_cache=keep)
         try:
             batch.generate(a, config)  # the slot now keeps A's context
             fed.clear()
             with batch._wake:  # the scheduler waits until both are queued
                 streams = [batch.stream(b, config), batch.stream(a, config)]
-            results = _concurrently_streams(streams)
+            results = _consumed(streams)
         finally:
             monkeypatch.undo()
             batch.shutdown()
@@ -406,19 +407,3 @@ def test_with_the_prefix_cache_a_waiting_prompt_that_matches_the_freed_slot_goes
         # fed: the prefills, in admission order. With the cache: A (one token: its slot kept it) before B
         assert fed[0] == (1 if keep else len(b)), (keep, fed)
 
-
-def _concurrently_streams(streams):
-    """Return each stream's token ids, consumed on threads of their own."""
-    results = [None] * len(streams)
-
-    def consume(i):
-        for _ in streams[i]:
-            pass
-        results[i] = streams[i].result.token_ids
-
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(streams))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
