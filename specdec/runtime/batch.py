@@ -369,18 +369,17 @@ class BatchEngine:
             except StopIteration as done:  # prompt lookup's side of a combined drafter: no call
                 proposals[i] = done.value
         session = self.engine.draft
+        models = {i: _model_side(running[i].opened.state.drafter) for i in pending}
         while pending:
             start = time.perf_counter()
-            models = {i: _model_side(running[i].opened.state.drafter) for i in pending}
             batched = len(pending) > 1
             if not batched:
                 (i, (_, feed)), = pending.items()
                 logits = {i: session.forward(models[i].cache, feed, logits_rows=1)[-1]}
             else:
                 slots = {running[i].cache.slot: i for i in pending}
-                caches = [models[slots[s]].cache if s in slots else None for s in range(self.max_batch)]
-                rows = [pending[slots[s]][1] if s in slots else [] for s in range(self.max_batch)]
-                lengths = [c.length if c is not None else self.draft_arena.idle_length(s) for s, c in enumerate(caches)]
+                caches, rows, lengths = self.draft_arena.ragged_rows(
+                    {s: (models[i].cache, pending[i][1]) for s, i in slots.items()})
                 out = session.forward_ragged(self.draft_arena.ragged_binding(), caches, rows, lengths)
                 logits = {i: out[s][-1] for s, i in slots.items()}
                 self.draft_ragged_calls += 1
@@ -440,18 +439,9 @@ class BatchEngine:
     def _ragged_call(self, running, plans, proposals, step_start: float) -> None:
         """Score every running request's last token and drafts in ONE ragged-rows call, then commit each."""
         index = {r.cache.slot: i for i, r in enumerate(running)}
-        rows, caches, lengths = [], [], []
-        for slot in range(self.max_batch):
-            i = index.get(slot)
-            if i is None:  # the graph has a row per slot: a free slot's row takes no token
-                rows.append([])
-                caches.append(None)
-                lengths.append(self.arena.idle_length(slot))
-            else:
-                request = running[i]
-                rows.append([request.opened.state.context[-1]] + proposals[i].tokens)
-                caches.append(request.cache)
-                lengths.append(request.cache.length)
+        fed = {slot: (running[i].cache, [running[i].opened.state.context[-1]] + proposals[i].tokens)
+               for slot, i in index.items()}
+        caches, rows, lengths = self.arena.ragged_rows(fed)  # a free slot's row takes no token
         greedy = all(r.opened.state.request.sampling.raw_argmax for r in running)
         start = time.perf_counter()
         logits = self.engine.target.forward_ragged(self.arena.ragged_binding(), caches, rows, lengths, greedy)

@@ -104,9 +104,18 @@ class SlotArena:
     def cached_prefix(self, prompt_ids: list[int], min_prefix: int = 16) -> int:
         """Return the longest prefix of `prompt_ids` that a free slot keeps (0 below `min_prefix`)."""
         with self._lock:
-            free = list(self._free)
-        shared = max((_common_prefix(self._caches[s].kept_ids, prompt_ids) for s in free), default=0)
+            _, shared = self._longest_kept_prefix(prompt_ids)
         return shared if shared >= min_prefix else 0
+
+    def _longest_kept_prefix(self, prompt_ids: list[int]) -> tuple[int, int]:
+        """Return (the free slot, tokens) of the longest prefix of `prompt_ids` a free slot keeps: the lowest
+        free slot and 0 where none shares a token. Call with the lock held and a slot free."""
+        best, shared = self._free[0], 0
+        for slot in self._free:
+            common = _common_prefix(self._caches[slot].kept_ids, prompt_ids)
+            if common > shared:
+                best, shared = slot, common
+        return best, shared
 
     def take(self, prompt_ids: list[int] | None = None, min_prefix: int = 16) -> SlotCache | None:
         """Return a free slot's cache, or None when every slot is held.
@@ -119,12 +128,7 @@ class SlotArena:
         with self._lock:
             if not self._free:
                 return None
-            best, shared = self._free[0], 0
-            if prompt_ids:
-                for slot in self._free:
-                    common = _common_prefix(self._caches[slot].kept_ids, prompt_ids)
-                    if common > shared:
-                        best, shared = slot, common
+            best, shared = self._longest_kept_prefix(prompt_ids) if prompt_ids else (self._free[0], 0)
             empty = [s for s in self._free if not self._caches[s].kept_ids]
             # Reusing under half the prompt (a shared system prompt) would cut a longer cached context short:
             # an empty slot costs only those few tokens' prefill.
@@ -140,6 +144,18 @@ class SlotArena:
         cache = self._caches[best]
         cache.token_ids = list(prompt_ids[:min(shared, len(prompt_ids) - 1)]) if shared else []
         return cache
+
+    def ragged_rows(self, fed: dict[int, tuple[KVCache, list[int]]]
+                    ) -> tuple[list[KVCache | None], list[list[int]], list[int]]:
+        """Return (caches, rows, past lengths) of one ragged-rows call, a row per slot: slot s's request cache
+        and tokens where `fed` has s, else no cache, no token and the slot's idle length."""
+        caches, rows, lengths = [], [], []
+        for slot in range(self.slots):
+            cache, tokens = fed.get(slot, (None, []))
+            caches.append(cache)
+            rows.append(tokens)
+            lengths.append(self.idle_length(slot) if cache is None else cache.length)
+        return caches, rows, lengths
 
     def cache_at(self, slot: int, prompt_ids: list[int]) -> SlotCache:
         """Return slot `slot`'s cache for a request of `prompt_ids`, for a second model whose slots follow the
