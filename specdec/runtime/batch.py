@@ -64,6 +64,7 @@ class _Request:
     cache: SlotCache | None = None
     counters: _Counters = field(default_factory=_Counters)
     passed_over: int = 0  # times a request behind it was admitted first (the prefix cache's choice)
+    on_start: Callable[[], None] | None = None  # called when it takes a slot
     # per draft position j (index j - 1): iterations that tested the j-th draft, and that accepted it
     tested: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
     passed: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
@@ -225,10 +226,13 @@ class BatchEngine:
         return stream.result
 
     def stream(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig(),
-               on_iteration: Callable[[Iteration], None] | None = None) -> GenerationStream:
-        """Return a GenerationStream of the request's text; it runs among the others from the next step on.
+               on_iteration: Callable[[Iteration], None] | None = None,
+               on_start: Callable[[], None] | None = None) -> GenerationStream:
+        """Return a GenerationStream of the request's text; it waits for a slot, then runs among the others.
 
-        Closing the stream (or leaving its iteration) cancels the request and frees its slot.
+        `on_start` is called (on the scheduler's thread: keep it short) when the request takes its slot.
+        Closing the stream (or leaving its iteration) cancels the request and frees its slot; so does the
+        stream's cancel() from any thread, and a request cancelled while it waits is never prefilled.
         Raises GenerationError at once for bad settings, a prompt that does not fit a slot, or a
         drafter that reads the target's features (not batched yet).
         """
@@ -238,14 +242,20 @@ class BatchEngine:
         if opened.state.hidden:
             raise GenerationError("a drafter that reads the target's features (eagle) is not batched yet: "
                                   "use drafter 'ngram' or 'model', or the engine without batching")
-        request = _Request(opened)
+        request = _Request(opened, on_start=on_start)
         with self._wake:
             if self._stopping:
                 raise GenerationError("the batch engine is shut down")
             self._waiting.append(request)
             self._wake.notify()
         return GenerationStream(lambda stream: self.engine.text_pieces(opened, self._iterations(request),
-                                                                       request.counters, on_iteration, stream))
+                                                                       request.counters, on_iteration, stream),
+                                on_cancel=lambda: self._cancel(request))
+
+    def _cancel(self, request: _Request) -> None:
+        request.cancelled.set()
+        with self._wake:
+            self._wake.notify()
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise GenerationError when a request of this size may outgrow a KV slot (its drafts included)."""
@@ -273,9 +283,7 @@ class BatchEngine:
                 if item.finished:
                     return
         finally:
-            request.cancelled.set()  # a consumer that stops early frees the slot at the next step
-            with self._wake:
-                self._wake.notify()
+            self._cancel(request)  # a consumer that stops early frees the slot at the next step
 
     def _loop(self) -> None:
         while True:
@@ -284,12 +292,12 @@ class BatchEngine:
                     self._wake.wait()
                 if self._stopping:
                     break
+                for request in [r for r in self._waiting if r.cancelled.is_set()]:  # gone before its prefill
+                    self._waiting.remove(request)
+                    request.out.put(_END)
                 admitted = []
                 while self._waiting and self.arena.used < self.arena.slots:
                     request = self._next_waiting()
-                    if request.cancelled.is_set():
-                        request.out.put(_END)
-                        continue
                     prompt = request.opened.state.request.prompt_ids
                     request.cache = self.arena.take(prompt if self.prefix_cache else None)
                     self.prefix_tokens_reused += request.cache.length
@@ -320,6 +328,8 @@ class BatchEngine:
         return window[best]
 
     def _admit(self, request: _Request) -> None:
+        if request.on_start is not None:
+            request.on_start()
         model = _model_side(request.opened.state.drafter)
         if model is not None and self.draft_arena is not None:
             model.cache = self.draft_arena.cache_at(request.cache.slot, request.opened.state.request.prompt_ids)
@@ -521,8 +531,8 @@ class BatchEngine:
         if request.cache is None:
             return True
         if request.cancelled.is_set():
+            self._release(request)  # first: the consumer reads the counters once it has the end
             request.out.put(_END)
-            self._release(request)
             return True
         return False
 

@@ -34,20 +34,35 @@ class GenerationResult:
     text: str
     token_ids: list[int]  # generated ids (EOS included when it ended the generation)
     prompt_ids: list[int]
-    finish_reason: str  # "eos", "length", "stop" (a stop string), or "max_positions"
+    finish_reason: str  # "eos", "length", "stop" (a stop string), "max_positions", or "cancelled"
     stats: GenerationStats
 
 
 class GenerationStream:
     """Iterates over text pieces as tokens are committed; `result` is set once it is exhausted."""
 
-    def __init__(self, make_pieces: Callable[["GenerationStream"], Iterator[str]]):
+    def __init__(self, make_pieces: Callable[["GenerationStream"], Iterator[str]],
+                 on_cancel: Callable[[], None] | None = None):
         self.result: GenerationResult | None = None
+        self._cancelled = threading.Event()
+        self._on_cancel = on_cancel
         # The generator fills in `result` of the stream it belongs to when it finishes.
         self._pieces = make_pieces(self)
 
     def __iter__(self) -> Iterator[str]:
         return self._pieces
+
+    @property
+    def cancelled(self) -> bool:
+        """Return whether cancel() was called."""
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Stop the request after the iteration it is on, from any thread (a request still waiting for a batch
+        engine's slot is dropped before its prefill); the stream then ends with finish_reason "cancelled"."""
+        self._cancelled.set()
+        if self._on_cancel is not None:
+            self._on_cancel()
 
 
 class Engine:
@@ -142,12 +157,16 @@ class Engine:
         return stream.result
 
     def stream(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig(),
-               on_iteration: Callable[[Iteration], None] | None = None) -> GenerationStream:
+               on_iteration: Callable[[Iteration], None] | None = None,
+               on_start: Callable[[], None] | None = None) -> GenerationStream:
         """Return a GenerationStream yielding text pieces as they are committed.
 
-        The config is checked here, before anything runs, so bad settings raise at once.
+        The config is checked here, before anything runs, so bad settings raise at once. `on_start` is
+        called when the request starts: here at once (a batch engine calls it when a slot takes the request).
         """
         ids = self.checked_prompt(prompt, config)
+        if on_start is not None:
+            on_start()
         return GenerationStream(lambda stream: self._pieces(ids, config, on_iteration, stream))
 
     def checked_prompt(self, prompt: str | list[int], config: GenerationConfig) -> list[int]:
@@ -268,7 +287,7 @@ class Engine:
         decoder = self.codec.decode_stream()
         stop_filter = StopStringFilter(config.stop_strings)
         generated: list[int] = []
-        finish = "length"
+        finish = None
         start = time.perf_counter()
         try:
             for iteration in iterations:
@@ -285,7 +304,10 @@ class Engine:
                 if stop_filter.stopped:
                     finish = "stop"
                     break
-                finish = iteration.finished or finish
+                finish = iteration.finished
+                if stream.cancelled and not finish:
+                    break
+            finish = finish or ("cancelled" if stream.cancelled else "length")  # "length": a shutdown's cut
         finally:
             iterations.close()
             stats.add_session_counters(counters, drafter.stats if drafter else None)

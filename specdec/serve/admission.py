@@ -27,10 +27,15 @@ class QueueTimeout(Exception):
 
 
 class Admission:
-    """Counts running and waiting requests; `acquire` waits for a slot in arrival order (asyncio)."""
+    """Counts running and waiting requests; `acquire` waits for a slot in arrival order (asyncio).
 
-    def __init__(self, max_running: int, max_waiting: int):
+    `serving`: how many of the admitted requests generate at once, where that is fewer (a batch engine
+    admits its queue too, and picks from it: with the prefix cache, the request a free slot serves best).
+    """
+
+    def __init__(self, max_running: int, max_waiting: int, serving: int | None = None):
         self.max_running, self.max_waiting = max_running, max_waiting
+        self.serving = serving or max_running
         self.running = 0
         self.waiting = 0
         self.draining = False
@@ -46,9 +51,12 @@ class Admission:
             raise Draining()
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_running)
-        if self._slots.locked() or self.waiting:
-            if self.waiting >= self.max_waiting:
-                raise Overloaded(self.retry_after())
+        if not self._slots.locked() and not self.waiting:  # a free slot: taken now, never counted as waiting
+            await self._slots.acquire()
+            self.running += 1
+            return 0.0
+        if self.waiting >= self.max_waiting:
+            raise Overloaded(self.retry_after())
         loop = asyncio.get_running_loop()
         start = loop.time()
         self.waiting += 1
@@ -71,5 +79,5 @@ class Admission:
 
     def retry_after(self) -> int:
         """Return seconds until the queue ahead has likely drained once: whole seconds, at least 1."""
-        rounds = (self.waiting + self.running) / max(self.max_running, 1)
+        rounds = (self.waiting + self.running) / max(self.serving, 1)
         return max(1, math.ceil(rounds * self._service_seconds))

@@ -46,8 +46,10 @@ class ServerState:
         self.load_error: str | None = None
         self.admission = Admission(config.running_limit, config.max_queue)
         self.metrics = ServerMetrics(config.served_model_name)
-        # One thread per running request: with batching it only carries the request's text to the event loop.
-        self.executor = ThreadPoolExecutor(max_workers=config.running_limit, thread_name_prefix="specdec-gen")
+        # One thread per admitted request: with batching it only carries the request's text to the event loop
+        # (and waits there while the request waits in the engine's queue).
+        self.executor = ThreadPoolExecutor(max_workers=config.running_limit + config.max_queue,
+                                           thread_name_prefix="specdec-gen")
         self.active: set[Generation] = set()
         self.batch: BatchEngine | None = None
         if engine is not None:
@@ -71,6 +73,9 @@ class ServerState:
             return
         self.batch = BatchEngine(engine, self.config.max_batch, self.config.kv_capacity,
                                  on_step=self.metrics.observe_batch, prefix_cache=self.config.prefix_cache)
+        # The queue is the engine's own (before any request: /v1 answers 503 until the engine is loaded), so
+        # that it admits from all of it: with the prefix cache, the request a freed slot holds most of.
+        self.admission = Admission(self.config.max_batch + self.config.max_queue, 0, serving=self.config.max_batch)
         times = self.batch.time_batch_calls()
         log.info("batch engine: %d KV slots x %d positions, %.0f MB; batched call ms by rows: %s", self.batch.max_batch,
                  self.batch.arena.capacity, self.batch.arena.nbytes / 2 ** 20,
@@ -102,9 +107,13 @@ class ServerState:
         return self.batch or self.engine
 
     def update_load(self) -> None:
-        """Refresh the running/waiting gauges from admission's counts, and the KV usage."""
-        self.metrics.set_load(self.admission.running, self.admission.waiting,
-                              self.batch.kv_usage if self.batch else None)
+        """Refresh the running/waiting gauges (the batch engine's slots and queue, else admission's counts) and the
+        KV usage."""
+        if self.batch is None:
+            self.metrics.set_load(self.admission.running, self.admission.waiting, None)
+            return
+        self.metrics.set_load(self.batch.num_running, self.admission.waiting + self.batch.num_waiting,
+                              self.batch.kv_usage)
 
 
 def create_app(config: ServeConfig, engine: Engine | None = None, load_in_background: bool = True,
@@ -352,10 +361,16 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
     generation_config = _generation_config(state, body, ids, param)
     deadline = arrival + config.request_timeout
     metrics, model = state.metrics, config.served_model_name
+    run: _Run | None = None
     try:
         waited = await _admit_unless_gone(state, request, deadline)
+        run = _Run(state, ids, generation_config, arrival, deadline, tokens=bool(body.specdec_tokens and body.stream))
+        waited += await _start_unless_gone(run, request, deadline)  # a batch engine's own queue
     except ClientGone:  # left while queued: dropped before its prefill, nobody to answer
-        metrics.cancelled.labels(model, "disconnect_queued").inc()
+        if run is not None:
+            run.close("disconnect_queued")
+        else:
+            metrics.cancelled.labels(model, "disconnect_queued").inc()
         return Response(status_code=499)
     except Overloaded as err:
         metrics.rejected.labels(model, "overloaded").inc()
@@ -365,12 +380,15 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
         metrics.rejected.labels(model, "draining").inc()
         raise APIError(503, "server is shutting down", type="server_error", code="draining") from None
     except QueueTimeout:
-        metrics.cancelled.labels(model, "deadline").inc()
+        if run is not None:
+            run.close("deadline")
+        else:
+            metrics.cancelled.labels(model, "deadline").inc()
         raise APIError(504, f"request deadline of {config.request_timeout:g} s passed while queued",
                        type="timeout_error", code="deadline_exceeded") from None
     metrics.queue_time.labels(model).observe(waited)
+    metrics.prompt_tokens.labels(model).inc(len(ids))
     state.update_load()
-    run = _Run(state, ids, generation_config, arrival, deadline, tokens=bool(body.specdec_tokens and body.stream))
     want_stats = body.specdec_stats if body.specdec_stats is not None else config.stats_in_response
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -398,20 +416,46 @@ async def _admit_unless_gone(state: ServerState, request: Request, deadline: flo
     """Return the seconds waited for a slot; raise ClientGone if the client leaves first (the body is read
     by now, so the only message left to receive is the disconnect), or admission's own errors."""
     admit = asyncio.ensure_future(state.admission.acquire(timeout=deadline - time.perf_counter()))
+    # admitted in the same instant the client left: the slot goes back
+    await _unless_gone(admit, request, undo=lambda: state.admission.release())
+    return admit.result()
+
+
+async def _start_unless_gone(run: "_Run", request: Request, deadline: float) -> float:
+    """Return the seconds until the engine started the request (~0 unless a batch engine queued it); raise
+    ClientGone if the client leaves first, QueueTimeout if the deadline passes first."""
+    start = time.perf_counter()
+    started = asyncio.ensure_future(run.generation.started.wait())
+    if not await _unless_gone(started, request, timeout=deadline - start):
+        raise QueueTimeout()
+    return time.perf_counter() - start
+
+
+async def _unless_gone(waiting: asyncio.Future, request: Request, timeout: float | None = None,
+                       undo: Callable[[], None] | None = None) -> bool:
+    """Wait for `waiting` (at most `timeout` seconds); return True once it is done (its errors are raised),
+    False at the timeout. Raise ClientGone if the client leaves first (the body is read by now, so the only
+    message left to receive is the disconnect): `waiting` is cancelled, or undone if it completed meanwhile."""
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({admit, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({waiting, gone}, timeout=None if timeout is None else max(timeout, 0.0),
+                           return_when=asyncio.FIRST_COMPLETED)
     finally:
+        left = gone.done() and not gone.cancelled()
         gone.cancel()
-    if admit.done():
-        return admit.result()
-    admit.cancel()
+    if waiting.done():
+        waiting.result()
+        return True
+    waiting.cancel()
     try:
-        await admit
+        await waiting
+        if undo is not None:
+            undo()
     except asyncio.CancelledError:
-        raise ClientGone() from None
-    state.admission.release()  # admitted in the same instant the client left
-    raise ClientGone()
+        pass
+    if left:
+        raise ClientGone()
+    return False
 
 
 async def _disconnected(request: Request) -> None:
@@ -432,7 +476,6 @@ class _Run:
         self.generation = Generation(state.generator, ids, config, on_iteration=self._on_iteration)
         self.generation.start(state.executor)
         state.active.add(self.generation)
-        self.metrics.prompt_tokens.labels(self.model).inc(len(ids))
         self.first_piece_at: float | None = None
         self.last_piece_at: float | None = None
         self.final: tuple[str, Any] | None = None  # the generation's last event, once received

@@ -1,10 +1,10 @@
 """One request's generation, run on a pool thread, its text pieces handed to the event loop.
 
 The engine is synchronous (numpy + onnxruntime), so each generation runs in a thread of a pool
-sized to the concurrency limit. Cancellation is cooperative: `cancel()` sets a flag the
-engine's per-iteration callback checks, and raising there ends the decode loop before its
-next target call; the engine's `finally` closes the loop and the request's KV cache, local
-to that generator, is dropped with it.
+sized to the requests admitted (with a batch engine, those waiting in its queue too). Cancellation
+is cooperative: `cancel()` cancels the engine's stream (a batch engine drops a request still
+waiting before its prefill) and sets a flag the per-iteration callback checks; raising there ends
+the decode loop before its next target call, and the engine's `finally` frees the request's KV cache.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import Executor, Future
 from typing import Callable
 
-from specdec.runtime import Engine, GenerationConfig, Iteration
+from specdec.runtime import Engine, GenerationConfig, GenerationStream, Iteration
 
 
 class _Stop(Exception):
@@ -23,7 +23,8 @@ class _Stop(Exception):
 
 class Generation:
     """Runs `engine.stream` on a thread; `events` receives ("piece", str), then one of
-    ("done", GenerationResult), ("cancelled", reason) or ("error", exception)."""
+    ("done", GenerationResult), ("cancelled", reason) or ("error", exception). `started` is set when
+    the engine starts the request (a batch engine: when a KV slot takes it)."""
 
     def __init__(self, engine: Engine, prompt_ids: list[int], config: GenerationConfig,
                  on_iteration: Callable[[Iteration], None] | None = None):
@@ -34,6 +35,8 @@ class Generation:
         self.iterations = 0  # decode iterations run (the prefill included)
         self.finished = threading.Event()  # set when the thread is done with the engine
         self.events: asyncio.Queue = asyncio.Queue()
+        self.started = asyncio.Event()
+        self._stream: GenerationStream | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, executor: Executor) -> Future:
@@ -46,6 +49,9 @@ class Generation:
         if not self._cancel.is_set():
             self.cancel_reason = reason
             self._cancel.set()
+            stream = self._stream
+            if stream is not None:
+                stream.cancel()
 
     @property
     def cancelled(self) -> bool:
@@ -63,6 +69,13 @@ class Generation:
         except RuntimeError:  # the loop has closed (shutdown): nobody is listening any more
             pass
 
+    def _started(self) -> None:
+        try:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self.started.set)
+        except RuntimeError:  # the loop has closed (shutdown)
+            pass
+
     def _iteration(self, iteration: Iteration) -> None:
         self.iterations += 1
         if self._on_iteration is not None:
@@ -75,7 +88,11 @@ class Generation:
             if self._cancel.is_set():  # cancelled while it waited for a thread
                 self._put(("cancelled", self.cancel_reason))
                 return
-            stream = self.engine.stream(self.prompt_ids, self.config, on_iteration=self._iteration)
+            stream = self.engine.stream(self.prompt_ids, self.config, on_iteration=self._iteration,
+                                        on_start=self._started)
+            self._stream = stream
+            if self._cancel.is_set():  # cancelled while the stream was made: cancel() did not see it
+                stream.cancel()
             pieces = iter(stream)
             try:
                 for piece in pieces:
@@ -94,4 +111,5 @@ class Generation:
             self._put(("error", err))
         finally:
             self.finished.set()
+            self._started()  # also when it never started (cancelled, failed): nothing is left to wait for
 

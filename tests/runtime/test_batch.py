@@ -23,7 +23,9 @@ PROMPT_SET = PROMPTS + ["Hello world!", "a b c d e f", "1 2 3 4 1 2 3 4 1 2", "T
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_close_artifacts):
+def engine(tiny_close_artifacts, tiny_target_only_artifact):
+    # The old-artifact test's export comes first: once a test made onnxruntime's process-wide thread pool
+    # (serve's batching), the exporter's own sessions are refused.
     return Engine.load(tiny_close_artifacts["llama"], provider="cpu", threads=1)
 
 
@@ -137,6 +139,45 @@ def test_cancelled_and_finished_requests_free_their_slots(engine):
         assert batch.arena.used == 0 and batch.num_running == 0
     finally:
         batch.shutdown()
+
+
+def test_a_request_cancelled_while_it_waits_is_never_prefilled_and_ends_cancelled(engine, monkeypatch):
+    batch = BatchEngine(engine, max_batch=2, kv_capacity=128)
+    started = []
+    try:
+        holders = [batch.stream(p, GenerationConfig(max_new_tokens=60, drafter="none"),
+                                on_start=lambda p=p: started.append(p)) for p in PROMPTS[:2]]
+        for holder in holders:
+            next(iter(holder))  # both slots are taken
+        fed = _record_feeds(monkeypatch, engine.target)
+        waiting = batch.stream(PROMPTS[2], GenerationConfig(max_new_tokens=8, drafter="none"),
+                               on_start=lambda: started.append("waiting"))
+        assert batch.num_waiting == 1
+        waiting.cancel()  # from this thread, while its consumer has not even begun
+        assert list(waiting) == [] and waiting.result.finish_reason == "cancelled"
+        assert batch.num_waiting == 0
+        for holder in holders:
+            holder.cancel()
+            list(holder)
+            assert holder.result.finish_reason == "cancelled" and len(holder.result.token_ids) < 60
+        assert sorted(started) == sorted(PROMPTS[:2])  # the cancelled one never took a slot
+        assert all(n <= 1 for n in fed)  # nor was prefilled (a prefill feeds the whole prompt)
+        batch.generate(PROMPT_SET[3], GenerationConfig(max_new_tokens=2, drafter="none"))  # a step after the cancels
+        assert batch.arena.used == 0
+    finally:
+        batch.shutdown()
+
+
+def test_a_cancelled_stream_of_the_single_engine_ends_after_its_iteration(engine):
+    started = []
+    stream = engine.stream(PROMPTS[0], GenerationConfig(max_new_tokens=60, drafter="none"),
+                           on_start=lambda: started.append(True))
+    assert started == [True]  # no queue: it starts at once
+    pieces = iter(stream)
+    next(pieces)
+    stream.cancel()
+    list(pieces)
+    assert stream.result.finish_reason == "cancelled" and len(stream.result.token_ids) < 60
 
 
 def test_a_request_that_does_not_fit_a_slot_is_refused_in_one_line(engine):

@@ -100,8 +100,12 @@ def serve_artifact(tiny_artifacts) -> Path:
 
 
 @pytest.fixture(scope="session")
-def serve_engine(serve_artifact) -> Engine:
-    """One loaded engine shared by the server tests (1 intra-op thread: two generations fit 2 cores)."""
+def serve_engine(serve_artifact, tiny_close_artifacts) -> Engine:
+    """One loaded engine shared by the server tests (1 intra-op thread: two generations fit 2 cores).
+
+    The page's artifacts are exported first: once a batching server made onnxruntime's process-wide
+    thread pool, the exporter's own sessions are refused (`pytest tests/serve` alone would fail there).
+    """
     return Engine.load(serve_artifact, provider="cpu", threads=1)
 
 

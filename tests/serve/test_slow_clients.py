@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import httpx
@@ -59,23 +60,66 @@ def test_clients_that_never_read_lose_their_slots_after_the_write_timeout(serve_
                 sock.close()
 
 
-def test_a_request_abandoned_in_the_queue_is_dropped_before_its_prefill(serve_engine, serve_artifact):
-    with live_server(serve_engine, serve_artifact, max_concurrency=1, max_queue=4, send_buffer_bytes=4096) as server:
-        holder = _open_stream_and_never_read(server.url, max_tokens=440)  # holds the one slot (write timeout 30 s)
+@pytest.fixture
+def slow_steps(monkeypatch):
+    """Make every step take >= 50 ms (the batch engine's steps, or each thread's iterations): a 440-token
+    generation then holds its slot for the whole test."""
+    from specdec.runtime.batch import BatchEngine
+    from specdec.serve.generation import Generation
+
+    for owner, name in ((BatchEngine, "_step"), (Generation, "_iteration")):
+        original = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *args, original=original: time.sleep(0.05) or original(*args))
+
+
+@pytest.mark.parametrize("batching", [{"max_batch": 2}, {"max_concurrency": 1}], ids=["batch-engine", "threads"])
+def test_a_request_abandoned_in_the_queue_is_dropped_before_its_prefill(serve_engine, serve_artifact, batching,
+                                                                        slow_steps):
+    """With the batch engine the queue is the engine's own (so that it picks whom a freed slot serves best):
+    the server still answers 499 and counts the request as dropped while queued, and never prefills it."""
+    with live_server(serve_engine, serve_artifact, max_queue=4, send_buffer_bytes=4096, **batching) as server:
+        slots = batching.get("max_batch") or batching["max_concurrency"]
+        holders = [_open_stream_and_never_read(server.url, max_tokens=440) for _ in range(slots)]  # write timeout 30 s
         try:
-            time.sleep(0.5)
+            assert _eventually(lambda: server.metric("vllm:num_requests_running") == slots, within=5.0)
             prompts_before = server.metric("vllm:prompt_tokens_total")
             with pytest.raises(httpx.ReadTimeout):  # the client gives up while its request waits for the slot
                 httpx.post(server.url + "/v1/completions", timeout=0.5,
                            json={"model": MODEL, "prompt": "never mind", "max_tokens": 8})
-            time.sleep(0.3)
-            assert server.metric("specdec:requests_cancelled_total", reason="disconnect_queued") == 1
-            assert server.metric("vllm:num_requests_waiting") == 0
+            assert _eventually(lambda: server.metric("specdec:requests_cancelled_total",
+                                                     reason="disconnect_queued") == 1, within=3.0)
+            assert _eventually(lambda: server.metric("vllm:num_requests_waiting") == 0, within=3.0)
         finally:
-            holder.close()
+            for holder in holders:
+                holder.close()
         assert _eventually(lambda: server.metric("vllm:num_requests_running") == 0, within=5.0)
         assert server.metric("vllm:prompt_tokens_total") == prompts_before  # the abandoned prompt never prefilled
-        assert server.state.admission.running == 0
+        assert _eventually(lambda: server.state.admission.running == 0, within=3.0)
+        if server.state.batch is not None:
+            assert server.state.batch.num_waiting == 0 and server.state.batch.arena.used == 0
+
+
+@pytest.mark.parametrize("batching", [{"max_batch": 2}, {"max_concurrency": 1}], ids=["batch-engine", "threads"])
+def test_the_queue_shows_in_the_waiting_gauge_and_its_deadline_gives_504(serve_engine, serve_artifact, batching,
+                                                                         slow_steps):
+    with live_server(serve_engine, serve_artifact, max_queue=4, send_buffer_bytes=4096, **batching) as server:
+        slots = batching.get("max_batch") or batching["max_concurrency"]
+        holders = [_open_stream_and_never_read(server.url, max_tokens=440) for _ in range(slots)]
+        try:
+            assert _eventually(lambda: server.metric("vllm:num_requests_running") == slots, within=5.0)
+            object.__setattr__(server.state.config, "request_timeout", 1.0)  # the next request only: the holders keep 30 s
+            replies = []
+            waiter = threading.Thread(target=lambda: replies.append(httpx.post(
+                server.url + "/v1/completions", timeout=30, json={"model": MODEL, "prompt": "wait", "max_tokens": 8})))
+            waiter.start()
+            assert _eventually(lambda: server.metric("vllm:num_requests_waiting") == 1, within=0.9)
+            waiter.join()
+            assert replies[0].status_code == 504 and "passed while queued" in replies[0].json()["error"]["message"]
+            assert server.metric("specdec:requests_cancelled_total", reason="deadline") == 1
+            assert _eventually(lambda: server.metric("vllm:num_requests_waiting") == 0, within=3.0)
+        finally:
+            for holder in holders:
+                holder.close()
 
 
 def test_a_client_that_sends_headers_too_slowly_is_disconnected(serve_engine, serve_artifact):
