@@ -295,14 +295,12 @@ class BatchEngine:
                 for request in [r for r in self._waiting if r.cancelled.is_set()]:  # gone before its prefill
                     self._waiting.remove(request)
                     request.out.put(_END)
-                admitted = []
-                while self._waiting and self.arena.used < self.arena.slots:
-                    request = self._next_waiting()
-                    prompt = request.opened.state.request.prompt_ids
-                    request.cache = self.arena.take(prompt if self.prefix_cache else None)
-                    self.prefix_tokens_reused += request.cache.length
-                    admitted.append(request)
-            for request in admitted:
+            # One at a time, each prefilled before the next takes a slot: a prompt can then copy the prefix
+            # (a shared system prompt, a document) the one before it just computed.
+            while (request := self._admissible()) is not None:
+                prompt = request.opened.state.request.prompt_ids
+                request.cache = self.arena.take(prompt if self.prefix_cache else None)
+                self.prefix_tokens_reused += request.cache.length
                 self._guarded(request, self._admit)
             self._running = [r for r in self._running if not self._ended(r)]
             if self._running:
@@ -310,6 +308,17 @@ class BatchEngine:
         for request in list(self._waiting) + self._running:
             request.out.put(_END)
             self._release(request)
+
+    def _admissible(self) -> _Request | None:
+        """Return (and dequeue) the next waiting request to admit while a slot is free, else None."""
+        with self._wake:
+            while self._waiting and self.arena.used < self.arena.slots and not self._stopping:
+                request = self._next_waiting()
+                if request.cancelled.is_set():
+                    request.out.put(_END)
+                    continue
+                return request
+        return None
 
     def _next_waiting(self) -> _Request:
         """Return (and dequeue) the next request to admit: the first waiting, unless the prefix cache holds a

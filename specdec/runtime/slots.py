@@ -82,6 +82,7 @@ class SlotArena:
         self._ragged_binding: CallBinding | None = None
         self._free = list(range(slots))
         self._releases = 0
+        self.prefix_copies = 0  # prompts that took their prefix from another slot's KV
         self._lock = threading.Lock()
 
     @property
@@ -102,17 +103,18 @@ class SlotArena:
         return sum(c.length for s, c in enumerate(self._caches) if s not in free)
 
     def cached_prefix(self, prompt_ids: list[int], min_prefix: int = 16) -> int:
-        """Return the longest prefix of `prompt_ids` that a free slot keeps (0 below `min_prefix`)."""
+        """Return the longest prefix of `prompt_ids` that any slot's KV holds (0 below `min_prefix`)."""
         with self._lock:
-            _, shared = self._longest_kept_prefix(prompt_ids)
+            _, shared = self._longest_prefix(prompt_ids, range(self.slots))
         return shared if shared >= min_prefix else 0
 
-    def _longest_kept_prefix(self, prompt_ids: list[int]) -> tuple[int, int]:
-        """Return (the free slot, tokens) of the longest prefix of `prompt_ids` a free slot keeps: the lowest
-        free slot and 0 where none shares a token. Call with the lock held and a slot free."""
-        best, shared = self._free[0], 0
-        for slot in self._free:
-            common = _common_prefix(self._caches[slot].kept_ids, prompt_ids)
+    def _longest_prefix(self, prompt_ids: list[int], slots) -> tuple[int | None, int]:
+        """Return (the slot, tokens) of the longest prefix of `prompt_ids` whose KV one of `slots` holds: a free
+        slot's kept prefix, or a running request's context (its positions never change while it runs); the
+        first such slot among equals, (None, 0) where none shares a token. Call with the lock held."""
+        best, shared = None, 0
+        for slot in slots:
+            common = _common_prefix(_valid_ids(self._caches[slot]), prompt_ids)
             if common > shared:
                 best, shared = slot, common
         return best, shared
@@ -120,20 +122,24 @@ class SlotArena:
     def take(self, prompt_ids: list[int] | None = None, min_prefix: int = 16) -> SlotCache | None:
         """Return a free slot's cache, or None when every slot is held.
 
-        Without `prompt_ids` (or no free slot sharing `min_prefix` tokens with it), the lowest free slot,
+        Without `prompt_ids` (or no slot sharing `min_prefix` tokens with it), the lowest free slot,
         empty. With them, the free slot whose last request shares the longest prefix with the prompt: its
         cache then already holds that prefix (all of the prompt but its last token at most), which the
         prefill skips; but an empty slot where that prefix is under half the prompt and the slot holds more.
+        Where a running request's context shares `min_prefix` more tokens (a system prompt or a document
+        many requests start with), those positions are copied into the free slot instead of prefilled.
         """
         with self._lock:
             if not self._free:
                 return None
-            best, shared = self._longest_kept_prefix(prompt_ids) if prompt_ids else (self._free[0], 0)
+            best, shared = self._longest_prefix(prompt_ids, sorted(self._free)) if prompt_ids else (None, 0)
+            source, copied = (self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s not in self._free])
+                              if prompt_ids else (None, 0))
             empty = [s for s in self._free if not self._caches[s].kept_ids]
             # Reusing under half the prompt (a shared system prompt) would cut a longer cached context short:
-            # an empty slot costs only those few tokens' prefill.
-            if shared < min_prefix or (empty and 2 * shared < len(prompt_ids)
-                                       and len(self._caches[best].kept_ids) > shared):
+            # an empty slot costs only those few tokens' prefill (or their copy).
+            if best is None or shared < min_prefix or copied >= shared + min_prefix or (
+                    empty and 2 * shared < len(prompt_ids) and len(self._caches[best].kept_ids) > shared):
                 shared = 0
                 # Keep the cached prefixes most likely to be asked for again: an empty slot, else the one
                 # given back longest ago. Without a prompt, the lowest slot (the batched calls' rows stay few).
@@ -142,8 +148,18 @@ class SlotArena:
             self._free.remove(best)
             heapq.heapify(self._free)
         cache = self._caches[best]
+        cache.kept_ids = ()  # from now on its positions are the new request's
+        if not shared and source is not None and copied >= min_prefix:
+            shared = self._copy_prefix(source, best, min(copied, len(prompt_ids) - 1))
         cache.token_ids = list(prompt_ids[:min(shared, len(prompt_ids) - 1)]) if shared else []
         return cache
+
+    def _copy_prefix(self, source: int, slot: int, positions: int) -> int:
+        """Copy the first `positions` of every KV buffer from slot `source` to slot `slot`; return `positions`."""
+        for buffer in self.buffers:
+            buffer[slot, :, :positions] = buffer[source, :, :positions]
+        self.prefix_copies += 1
+        return positions
 
     def ragged_rows(self, fed: dict[int, tuple[KVCache, list[int]]]
                     ) -> tuple[list[KVCache | None], list[list[int]], list[int]]:
@@ -157,11 +173,18 @@ class SlotArena:
             lengths.append(self.idle_length(slot) if cache is None else cache.length)
         return caches, rows, lengths
 
-    def cache_at(self, slot: int, prompt_ids: list[int]) -> SlotCache:
+    def cache_at(self, slot: int, prompt_ids: list[int], min_prefix: int = 16) -> SlotCache:
         """Return slot `slot`'s cache for a request of `prompt_ids`, for a second model whose slots follow the
-        target's (the draft): holding the prefix it kept that the prompt starts with (prefix cache), else empty."""
+        target's (the draft). With the prefix cache it holds the longest prefix of the prompt that it kept or
+        (`min_prefix` tokens more) another slot holds, copied; else it is empty."""
         cache = self._caches[slot]
         shared = min(_common_prefix(cache.kept_ids, prompt_ids), len(prompt_ids) - 1)
+        cache.kept_ids = ()
+        if self.keep_prefixes:
+            with self._lock:
+                source, copied = self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s != slot])
+            if source is not None and copied >= shared + min_prefix:
+                shared = self._copy_prefix(source, slot, min(copied, len(prompt_ids) - 1))
         cache.token_ids = list(prompt_ids[:shared]) if self.keep_prefixes else []
         return cache
 
@@ -227,7 +250,12 @@ class SlotArena:
         return min(max(cache.length, len(cache.kept_ids)), self.parked_position - self.session.spec.attention_pad_rows)
 
 
-def _common_prefix(kept: tuple[int, ...], prompt: list[int]) -> int:
+def _valid_ids(cache: SlotCache) -> list[int] | tuple[int, ...]:
+    """Return the tokens whose KV a slot holds: its running request's, else what its last request left."""
+    return cache.token_ids or cache.kept_ids
+
+
+def _common_prefix(kept: tuple[int, ...] | list[int], prompt: list[int]) -> int:
     """Return how many leading tokens `kept` and `prompt` share."""
     n = 0
     for a, b in zip(kept, prompt):

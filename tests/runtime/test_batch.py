@@ -360,6 +360,41 @@ def test_a_prompt_sharing_only_a_short_prefix_takes_an_empty_slot_over_a_longer_
         batch.shutdown()
 
 
+def test_a_prompt_copies_the_prefix_a_running_request_holds_instead_of_prefilling_it(engine, monkeypatch):
+    """A document (or system prompt) several requests start with is prefilled once: a request admitted while
+    another holds it in its running context copies those positions into its own slot (target and draft), and
+    its text is still its target-only one."""
+    from specdec.runtime import batch as batch_module
+
+    document = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four, five, six, seven")
+    question = document + engine.prompt_ids(" and then?")
+    config = GenerationConfig(max_new_tokens=12, drafter="model", num_draft_tokens=2)
+    reference = engine.generate(question, GenerationConfig(max_new_tokens=12, drafter="none")).token_ids
+    held = []  # per prefill: (prompt tokens, positions its target slot already held, its draft slot held)
+    prefill = batch_module.prefill
+
+    def recorded(session, cache, state):
+        held.append((len(state.request.prompt_ids), cache.length, state.drafter.cache.length))
+        return prefill(session, cache, state)
+
+    monkeypatch.setattr(batch_module, "prefill", recorded)
+    for keep in (False, True):
+        batch = BatchEngine(engine, max_batch=2, kv_capacity=128, prefix_cache=keep)
+        held.clear()
+        try:
+            holder = batch.stream(document, GenerationConfig(max_new_tokens=60, drafter="model", num_draft_tokens=2))
+            pieces = iter(holder)
+            next(pieces)  # running, its context starting with the document
+            assert batch.generate(question, config).token_ids == reference
+            holder.cancel()
+            list(pieces)
+        finally:
+            batch.shutdown()
+        shared = len(document) if keep else 0
+        assert held == [(len(document), 0, 0), (len(question), shared, shared)], (keep, held)
+        assert batch.arena.prefix_copies == keep and batch.prefix_tokens_reused == shared
+
+
 def test_a_free_slots_row_takes_no_token_and_attends_over_nothing_unless_it_keeps_a_prefix(engine, monkeypatch):
     """A ragged call's rows for free slots feed no token (no MatMul row); without the prefix cache their
     attention's throwaway row goes to position 0 (over nothing), with it past the prefix the slot keeps."""
