@@ -34,8 +34,9 @@ from specdec.runtime.config import MAX_DRAFT_TOKENS, GenerationConfig
 from specdec.runtime.drafters import Drafter, ModelDrafter, Proposal
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
 from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
-from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeState, Iteration, commit, draft, plan, prefill, verify_call
-from specdec.runtime.slots import SlotArena, SlotCache
+from specdec.runtime.loop import (MAX_DRAFT_ROOM, DecodeState, Iteration, commit, draft, first_token, plan, prefill,
+                                  prompt_rest, verify_call)
+from specdec.runtime.slots import MIN_PREFIX, SlotArena, SlotCache, common_prefix
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_KV_CAPACITY = 1024  # positions per slot
@@ -148,6 +149,7 @@ class BatchEngine:
         self.ragged_costs = BatchCallCosts()  # one ragged-rows call (every slot's row), by tokens
         self._ragged_shapes: set[int] = set()
         self.ragged_calls = 0  # steps whose verify rows shared one ragged-rows call
+        self.ragged_prefills = 0  # prefills of several admitted requests in one ragged-rows call
         self.on_step = on_step  # called with the requests of every batched call (a metrics histogram)
         # Reuse the KV a finished request left in its slot for a prompt that starts the same way (a chat's
         # history, a shared system prompt). Off by default: the reused positions were computed in calls of
@@ -295,13 +297,20 @@ class BatchEngine:
                 for request in [r for r in self._waiting if r.cancelled.is_set()]:  # gone before its prefill
                     self._waiting.remove(request)
                     request.out.put(_END)
-            # One at a time, each prefilled before the next takes a slot: a prompt can then copy the prefix
-            # (a shared system prompt, a document) the one before it just computed.
+            # Every request a slot takes now is prefilled in one ragged-rows call (a burst of arrivals waits
+            # for one call, not one after another); but a prompt that starts like one already in the group
+            # waits for that one's prefill, then copies the prefix it computed (a shared system prompt).
+            group: list[_Request] = []
             while (request := self._admissible()) is not None:
                 prompt = request.opened.state.request.prompt_ids
+                if self.prefix_cache and any(common_prefix(r.opened.state.request.prompt_ids, prompt) >= MIN_PREFIX
+                                             for r in group):
+                    self._prefill_all(group)
+                    group = []
                 request.cache = self.arena.take(prompt if self.prefix_cache else None)
                 self.prefix_tokens_reused += request.cache.length
-                self._guarded(request, self._admit)
+                group.append(request)
+            self._prefill_all(group)
             self._running = [r for r in self._running if not self._ended(r)]
             if self._running:
                 self._step()
@@ -336,7 +345,37 @@ class BatchEngine:
         del self._waiting[best]
         return window[best]
 
-    def _admit(self, request: _Request) -> None:
+    def _prefill_all(self, group: list[_Request]) -> None:
+        """Prefill the requests that just took slots: in one ragged-rows call where there are several (each row
+        its prompt's rest), else in the single loop's call."""
+        for request in group:
+            self._guarded(request, self._open)
+        group = [r for r in group if r.cache is not None]
+        if len(group) < 2 or not self.arena.ragged or any(r.opened.state.hidden for r in group):
+            for request in group:
+                self._guarded(request, lambda r: self._started(r, prefill(self.engine.target, r.cache,
+                                                                           r.opened.state)))
+            return
+        self._guarded_all(group, lambda: self._ragged_prefill(group))
+
+    def _ragged_prefill(self, group: list[_Request]) -> None:
+        fed = {r.cache.slot: (r.cache, prompt_rest(r.opened.state, r.cache)) for r in group}
+        caches, rows, lengths = self.arena.ragged_rows(fed)  # running requests' slots take no token
+        start = time.perf_counter()
+        logits = self.engine.target.forward_ragged(self.arena.ragged_binding(), caches, rows, lengths,
+                                                   all(r.opened.state.request.sampling.raw_argmax for r in group))
+        seconds = time.perf_counter() - start
+        self.ragged_prefills += 1
+        tokens = sum(len(row) for row in rows)
+        for request in group:
+            share = seconds * len(rows[request.cache.slot]) / tokens
+            request.cache.run_seconds += share
+            request.cache.run_calls += 1
+            self._guarded(request, lambda r, share=share: self._started(
+                r, first_token(r.opened.state, logits[r.cache.slot][-1], None, share)))
+
+    def _open(self, request: _Request) -> None:
+        """Start a request that took a slot: tell its caller, give its draft model the slot's draft KV."""
         if request.on_start is not None:
             request.on_start()
         model = _model_side(request.opened.state.drafter)
@@ -345,7 +384,8 @@ class BatchEngine:
         cache = request.cache
         cache.run_seconds = cache.rollback_seconds = 0.0
         cache.run_calls = 0
-        iteration = prefill(self.engine.target, cache, request.opened.state)
+
+    def _started(self, request: _Request, iteration: Iteration) -> None:
         if not iteration.finished:
             self._running.append(request)
         self._deliver(request, iteration)

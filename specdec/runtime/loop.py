@@ -140,19 +140,33 @@ def prefill(target: ModelSession, cache: KVCache, state: DecodeState) -> Iterati
     rest is fed.
     """
     request = state.request
-    request.check()
-    if cache.token_ids != request.prompt_ids[:cache.length] or cache.length >= len(request.prompt_ids):
-        raise ValueError("the cache must be empty or hold a strict prefix of the prompt")
     start = time.perf_counter()
     # Greedy calls may read the target's 8-bit LM head instead of its fp32 one (specdec/runtime/greedy_head.py):
     # the same argmax, fewer bytes.
-    logits, state.states = _rows(target.forward(cache, request.prompt_ids[cache.length:], logits_rows=1,
-                                                hidden=state.hidden, greedy=request.sampling.raw_argmax), state.hidden)
-    state.context = list(request.prompt_ids) + [next_token(logits[-1], request.sampling, state.rng,
-                                                           request.prompt_ids)]
+    logits, states = _rows(target.forward(cache, prompt_rest(state, cache), logits_rows=1, hidden=state.hidden,
+                                          greedy=request.sampling.raw_argmax), state.hidden)
+    return first_token(state, logits[-1], states, time.perf_counter() - start)
+
+
+def prompt_rest(state: DecodeState, cache: KVCache) -> list[int]:
+    """Return the prompt tokens a prefill feeds: those the cache does not hold yet (it holds none, or a strict
+    prefix of the prompt)."""
+    request = state.request
+    request.check()
+    if cache.token_ids != request.prompt_ids[:cache.length] or cache.length >= len(request.prompt_ids):
+        raise ValueError("the cache must be empty or hold a strict prefix of the prompt")
+    return request.prompt_ids[cache.length:]
+
+
+def first_token(state: DecodeState, logits: np.ndarray, states: np.ndarray | None, seconds: float) -> Iteration:
+    """Sample the first token from the prompt's last logits row (a prefill call took `seconds`), hand the
+    drafter the prompt; return the first Iteration."""
+    request = state.request
+    state.states = states
+    state.context = list(request.prompt_ids) + [next_token(logits, request.sampling, state.rng, request.prompt_ids)]
     state.generated = 1
-    state.iteration = _finish(Iteration([], 0, state.context[-1:], False, None, prefill=True,
-                                        target_seconds=time.perf_counter() - start), request, state.context, 1)
+    state.iteration = _finish(Iteration([], 0, state.context[-1:], False, None, prefill=True, target_seconds=seconds),
+                              request, state.context, 1)
     if state.drafting and not state.iteration.finished:
         state.draft_seconds = _timed(state.drafter.begin, request.prompt_ids, state.states)  # the drafter takes the prompt
     return state.iteration

@@ -21,6 +21,8 @@ from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.providers import ort
 from specdec.runtime.session import CallBinding, ModelSession
 
+MIN_PREFIX = 16  # prompt tokens a cached prefix must cover to be reused (fewer: a prefill of them costs ~nothing)
+
 
 class SlotCache(KVCache):
     """A request's cache inside the arena: its row's views, which never grow (no copy out of the arena)."""
@@ -102,7 +104,7 @@ class SlotArena:
             free = set(self._free)
         return sum(c.length for s, c in enumerate(self._caches) if s not in free)
 
-    def cached_prefix(self, prompt_ids: list[int], min_prefix: int = 16) -> int:
+    def cached_prefix(self, prompt_ids: list[int], min_prefix: int = MIN_PREFIX) -> int:
         """Return the longest prefix of `prompt_ids` that any slot's KV holds (0 below `min_prefix`)."""
         with self._lock:
             _, shared = self._longest_prefix(prompt_ids, range(self.slots))
@@ -114,12 +116,12 @@ class SlotArena:
         first such slot among equals, (None, 0) where none shares a token. Call with the lock held."""
         best, shared = None, 0
         for slot in slots:
-            common = _common_prefix(_valid_ids(self._caches[slot]), prompt_ids)
+            common = common_prefix(_valid_ids(self._caches[slot]), prompt_ids)
             if common > shared:
                 best, shared = slot, common
         return best, shared
 
-    def take(self, prompt_ids: list[int] | None = None, min_prefix: int = 16) -> SlotCache | None:
+    def take(self, prompt_ids: list[int] | None = None, min_prefix: int = MIN_PREFIX) -> SlotCache | None:
         """Return a free slot's cache, or None when every slot is held.
 
         Without `prompt_ids` (or no slot sharing `min_prefix` tokens with it), the lowest free slot,
@@ -173,12 +175,12 @@ class SlotArena:
             lengths.append(self.idle_length(slot) if cache is None else cache.length)
         return caches, rows, lengths
 
-    def cache_at(self, slot: int, prompt_ids: list[int], min_prefix: int = 16) -> SlotCache:
+    def cache_at(self, slot: int, prompt_ids: list[int], min_prefix: int = MIN_PREFIX) -> SlotCache:
         """Return slot `slot`'s cache for a request of `prompt_ids`, for a second model whose slots follow the
         target's (the draft). With the prefix cache it holds the longest prefix of the prompt that it kept or
         (`min_prefix` tokens more) another slot holds, copied; else it is empty."""
         cache = self._caches[slot]
-        shared = min(_common_prefix(cache.kept_ids, prompt_ids), len(prompt_ids) - 1)
+        shared = min(common_prefix(cache.kept_ids, prompt_ids), len(prompt_ids) - 1)
         cache.kept_ids = ()
         if self.keep_prefixes:
             with self._lock:
@@ -255,7 +257,7 @@ def _valid_ids(cache: SlotCache) -> list[int] | tuple[int, ...]:
     return cache.token_ids or cache.kept_ids
 
 
-def _common_prefix(kept: tuple[int, ...] | list[int], prompt: list[int]) -> int:
+def common_prefix(kept: tuple[int, ...] | list[int], prompt: list[int]) -> int:
     """Return how many leading tokens `kept` and `prompt` share."""
     n = 0
     for a, b in zip(kept, prompt):

@@ -395,6 +395,44 @@ def test_a_prompt_copies_the_prefix_a_running_request_holds_instead_of_prefillin
         assert batch.arena.prefix_copies == keep and batch.prefix_tokens_reused == shared
 
 
+def _burst(batch, prompts, configs):
+    """Return the results of streams submitted while the scheduler is held off: one admission takes them all."""
+    with batch._wake:  # re-entrant: stream() takes it too
+        streams = [batch.stream(p, c) for p, c in zip(prompts, configs)]
+    return _consumed(streams)
+
+
+@pytest.mark.parametrize("max_batch", [8, 4])
+def test_a_burst_of_arrivals_is_prefilled_in_one_ragged_call_and_each_text_is_its_own(engine, max_batch):
+    prompts = PROMPT_SET[:max_batch]
+    reference = [engine.generate(p, GenerationConfig(max_new_tokens=12, drafter="none")).token_ids for p in prompts]
+    configs = [GenerationConfig(max_new_tokens=12, drafter="ngram" if i % 2 else "none") for i in range(max_batch)]
+    batch = BatchEngine(engine, max_batch=max_batch, kv_capacity=128)
+    try:
+        results = _burst(batch, prompts, configs)
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference
+    # the artifact's ragged graph has 8 rows: 4 slots prefill one request at a time
+    assert batch.ragged_prefills == (max_batch == engine.target.spec.ragged_rows)
+
+
+def test_in_a_burst_a_prompt_that_starts_like_another_waits_to_copy_its_prefix(engine):
+    document = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four, five, six, seven")
+    prompts = [document + engine.prompt_ids(" and then?"), engine.prompt_ids("zz top"),
+               document + engine.prompt_ids(" or else?")]
+    config = GenerationConfig(max_new_tokens=12, drafter="none")
+    reference = [engine.generate(p, config).token_ids for p in prompts]
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=128, prefix_cache=True)
+    try:
+        results = _burst(batch, prompts, [config] * 3)
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference
+    assert batch.ragged_prefills == 1 and batch.arena.prefix_copies == 1  # the first two together, the third copies
+    assert batch.prefix_tokens_reused >= len(document)
+
+
 def test_a_free_slots_row_takes_no_token_and_attends_over_nothing_unless_it_keeps_a_prefix(engine, monkeypatch):
     """A ragged call's rows for free slots feed no token (no MatMul row); without the prefix cache their
     attention's throwaway row goes to position 0 (over nothing), with it past the prefix the slot keeps."""

@@ -12,7 +12,7 @@ from specdec.runtime.batch import BatchEngine
 from specdec.runtime.engine import Engine, GenerationConfig
 
 from tests.conftest import _export
-from tests.runtime.test_batch import PROMPT_SET, _concurrently
+from tests.runtime.test_batch import PROMPT_SET, _burst, _concurrently
 
 KINDS = [dict(drafter="none"), dict(drafter="ngram", num_draft_tokens="auto", ngram_min=1),
          dict(drafter="model", num_draft_tokens=3), dict(drafter="ngram+model", num_draft_tokens="auto")]
@@ -65,6 +65,18 @@ def test_greedy_under_load_equals_each_prompts_own_target_only_output(padded_eng
     assert (batch.ragged_calls > 0) == (clients > 1), batch.ragged_calls  # alone: the single-request loop's calls
     if clients > 1:
         assert sum(r.stats.accepted for r in results) > 0
+
+
+def test_a_burst_prefilled_in_one_ragged_call_keeps_each_prompts_own_output(padded_engine):
+    prompts = PROMPT_SET[:8]
+    config = GenerationConfig(max_new_tokens=12, drafter="none")
+    reference = [padded_engine.generate(p, config).token_ids for p in prompts]
+    batch = BatchEngine(padded_engine, max_batch=8, kv_capacity=128)
+    try:
+        results = _burst(batch, prompts, [config] * 8)
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference and batch.ragged_prefills == 1
 
 
 def test_slots_other_than_the_ragged_rows_are_refused_naming_them(padded_engine):
