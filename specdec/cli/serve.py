@@ -34,7 +34,8 @@ from specdec.models.errors import MissingDependencyError, SpecdecError
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --max-batch 1: generations running at once; engine threads default to cores / this.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
-              help="Requests waiting for a slot; beyond them, 429 with Retry-After.")
+              help="Requests waiting for a slot; beyond them, 429 with Retry-After. With --max-batch they wait in "
+                   "the batch engine's own queue, which admits the one a free slot serves best (--prefix-cache).")
 @click.option("--request-timeout", type=float, default=300.0, show_default=True,
               help="Seconds from arrival (queue included) before a request is cut off (504).")
 @click.option("--max-tokens-default", type=click.IntRange(min=1), default=256, show_default=True,

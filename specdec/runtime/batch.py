@@ -124,6 +124,21 @@ def _draft_lag(state: DecodeState, situation: str | None) -> int:
     return len(state.context) - model.cache.length
 
 
+def _drafts_free(state: DecodeState, situation: str | None) -> bool:
+    """Return whether the request's next drafts come from prompt lookup (n-gram, phrase table), which costs
+    nothing to ask and reads no model, rather than a draft model."""
+    if _model_side(state.drafter) is None:
+        return not state.hidden
+    return isinstance(state.drafter, CombinedDrafter) and not (situation or "").startswith("model")
+
+
+def _first(proposal: Proposal, k: int) -> Proposal:
+    """Return the first k drafts of a proposal (drafts are sequential: a prefix is a proposal of its own)."""
+    if k >= len(proposal.tokens):
+        return proposal
+    return Proposal(proposal.tokens[:k], None if proposal.probs is None or k == 0 else proposal.probs[:k])
+
+
 _END = object()  # the scheduler is done with a request (cancelled or shut down)
 
 
@@ -394,8 +409,13 @@ class BatchEngine:
         start = time.perf_counter()  # a step's cost is all of it (planning, drafting, commits), not the call alone
         running = self._running
         plans = [plan(r.opened.state) for r in running]
-        ks = self._draft_lengths(running, plans)
-        proposals = self._draft_all(running, ks)
+        # Prompt lookup costs nothing to ask: its proposals come first, so that the plan weighs the drafts
+        # that exist (it often finds fewer than K, or none) and keeps a prefix of them.
+        looked_up = {i: draft(r.opened.state, k) for i, (r, (situation, k)) in enumerate(zip(running, plans))
+                     if k > 0 and _drafts_free(r.opened.state, situation)}
+        ks = self._draft_lengths(running, [(situation, len(looked_up[i].tokens) if i in looked_up else k)
+                                           for i, (situation, k) in enumerate(plans)])
+        proposals = self._draft_all(running, ks, looked_up)
         if self._ragged_mode(running) and (self._plain_steps_ragged() or any(p.tokens for p in proposals)):
             self._guarded_all(running, lambda: self._ragged_call(running, plans, proposals, start))
             self._running = [r for r in running if not self._ended(r)]
@@ -410,14 +430,18 @@ class BatchEngine:
                 self._guarded(running[i], lambda r, i=i: self._verify(r, plans[i][0], proposals[i]))
         self._running = [r for r in running if not self._ended(r)]
 
-    def _draft_all(self, running: list[_Request], ks: list[int]) -> list[Proposal]:
-        """Return every running request's proposal of its k tokens. The draft models' calls of all requests go
-        round by round (catch-up, then one token at a time), each round one ragged-rows call of the draft graph
-        over every request still drafting (a lone one: its own batch-1 call, as the single loop makes)."""
+    def _draft_all(self, running: list[_Request], ks: list[int], looked_up: dict[int, Proposal]) -> list[Proposal]:
+        """Return every running request's proposal of its k tokens: the first k of what prompt lookup proposed
+        (`looked_up`), or drafted now. The draft models' calls of all requests go round by round (catch-up, then
+        one token at a time), each round one ragged-rows call of the draft graph over every request still
+        drafting (a lone one: its own batch-1 call, as the single loop makes)."""
         proposals: list[Proposal | None] = [None] * len(running)
         pending = {}  # request index -> (its draft calls, the tokens its next call feeds)
         for i, (request, k) in enumerate(zip(running, ks)):
             state = request.opened.state
+            if i in looked_up:
+                proposals[i] = _first(looked_up[i], k)
+                continue
             model = _model_side(state.drafter)
             if k == 0 or model is None or self.draft_arena is None or not self.draft_arena.ragged:
                 proposals[i] = draft(state, k)

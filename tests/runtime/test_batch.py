@@ -395,6 +395,37 @@ def test_a_prompt_copies_the_prefix_a_running_request_holds_instead_of_prefillin
         assert batch.arena.prefix_copies == keep and batch.prefix_tokens_reused == shared
 
 
+def test_under_load_the_plan_weighs_the_drafts_prompt_lookup_found_not_the_k_it_asked_for(engine, monkeypatch):
+    """Prompt lookup is asked first (it costs nothing): the plan weighs the drafts it found (here never more
+    than 2 of the K = 4 asked for; a request whose lookup finds none is no candidate), and the verified drafts
+    are a prefix of them."""
+    from specdec.runtime import batch as batch_module
+    from specdec.runtime.drafters import NgramDrafter, Proposal
+
+    weighed, verified = [], []
+    choose = batch_module.choose_draft_lengths_ragged
+    monkeypatch.setattr(batch_module, "choose_draft_lengths_ragged", lambda candidates, *args, **kwargs: (
+        weighed.extend(c.k for c in candidates), choose(candidates, *args, **kwargs))[1])
+    monkeypatch.setattr("specdec.runtime.batch.DRAFT_MARGIN", 1e-6)  # the plan takes every draft it is offered
+    propose = NgramDrafter.propose
+    monkeypatch.setattr(NgramDrafter, "propose", lambda self, context, k: Proposal(propose(self, context, k).tokens[:2],
+                                                                                  None))
+    prompts = ["a b c d a b c d a b c d a b", "one, two, three, one, two, three, one, two,"] * 4
+    reference = [engine.generate(p, GenerationConfig(max_new_tokens=16, drafter="none")).token_ids for p in prompts]
+    configs = [GenerationConfig(max_new_tokens=16, drafter="ngram", num_draft_tokens=4, ngram_min=1)] * 8
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
+    batch._ragged_call = (lambda original: lambda running, plans, proposals, start: (
+        verified.extend(len(p.tokens) for p in proposals), original(running, plans, proposals, start))[1])(
+        batch._ragged_call)
+    try:
+        results = _burst(batch, prompts, configs)
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference
+    assert weighed and all(1 <= k <= 2 for k in weighed), weighed
+    assert max(verified) <= 2 and sum(verified) == sum(r.stats.drafted for r in results) > 0
+
+
 def _burst(batch, prompts, configs):
     """Return the results of streams submitted while the scheduler is held off: one admission takes them all."""
     with batch._wake:  # re-entrant: stream() takes it too
