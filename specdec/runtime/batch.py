@@ -7,8 +7,9 @@ target call: the batched decode call when no row speculates, else one call of th
 ragged-rows graph over every row's last token and drafts (specdec/exporter/ragged_rows.py). An
 artifact without that graph verifies each speculating request in a batch-1 call of its own. Draft
 models' calls are shared the same way, round by round, in the draft's own ragged-rows graph.
-batch_plan.py chooses which requests speculate, from measured call costs. New requests are
-admitted between steps, each prefilled into its own KV slot (slots.py).
+batch_plan.py chooses which requests speculate, from measured call costs (prompt lookup is asked
+first, so the plan weighs the drafts it found). New requests are admitted between steps into KV slots
+(slots.py), those admitted together prefilled in one ragged-rows call.
 
     from specdec.runtime import BatchEngine, Engine, GenerationConfig
     batch = BatchEngine(Engine.load("artifacts/smollm2"), max_batch=8)
