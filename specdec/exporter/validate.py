@@ -149,9 +149,10 @@ def step_call_difference(session: ModelSession, prompts: list[list[int]], steps:
     return worst
 
 
-def ragged_rows_difference(session: ModelSession, prompts: list[list[int]]) -> float:
+def ragged_rows_difference(session: ModelSession, prompts: list[list[int]], hidden: bool = False) -> float:
     """Return the max |logit difference| between one call of the ragged-rows graph and the same rows scored
-    by batch-1 calls of the plain graph (0 is what the batch engine's exactness rests on).
+    by batch-1 calls of the plain graph (0 is what the batch engine's exactness rests on); with `hidden`, the
+    hidden rows a draft head reads count too.
 
     Row r of the graph gets a prompt (cycling through `prompts`) prefilled into its own KV slot, then
     1 + r % 5 new tokens in the one ragged call, but for the last row, which takes none (a free slot's row);
@@ -168,12 +169,16 @@ def ragged_rows_difference(session: ModelSession, prompts: list[list[int]]) -> f
     lengths = [cache.length for cache in caches]
     vocab = session.spec.vocab_size
     new = [[(31 * row + 7 * j + 1) % vocab for j in range(1 + row % 5)] for row in range(rows - 1)] + [[]]
-    together = session.forward_ragged(arena.ragged_binding(), caches[:-1] + [None], new, lengths)
+    together = session.forward_ragged(arena.ragged_binding(), caches[:-1] + [None], new, lengths, hidden=hidden)
+    logits, states = together if hidden else (together, None)
     worst = 0.0
     for row, cache in enumerate(caches[:-1]):
         cache.rollback(lengths[row])
-        alone = session.forward(cache, new[row], logits_rows=len(new[row]))
-        worst = max(worst, float(np.abs(alone - together[row]).max()))
+        alone = session.forward(cache, new[row], logits_rows=len(new[row]), hidden=hidden)
+        if hidden:
+            alone, alone_states = alone
+            worst = max(worst, float(np.abs(alone_states - states[row]).max()))
+        worst = max(worst, float(np.abs(alone - logits[row]).max()))
     return worst
 
 

@@ -6,7 +6,9 @@ committed by the loop's own steps (specdec/runtime/loop.py); between them the sc
 target call: the batched decode call when no row speculates, else one call of the artifact's
 ragged-rows graph over every row's last token and drafts (specdec/exporter/ragged_rows.py). An
 artifact without that graph verifies each speculating request in a batch-1 call of its own. Draft
-models' calls are shared the same way, round by round, in the draft's own ragged-rows graph.
+models' calls are shared the same way, round by round, in the draft's own ragged-rows graph; a draft
+head (EAGLE) reads its request's hidden rows from the ragged call (tapped by `specdec distill`) and runs
+its own small calls.
 batch_plan.py chooses which requests speculate, from measured call costs (prompt lookup is asked
 first, so the plan weighs the drafts it found). New requests are admitted between steps into KV slots
 (slots.py), those admitted together prefilled in one ragged-rows call.
@@ -251,15 +253,14 @@ class BatchEngine:
         `on_start` is called (on the scheduler's thread: keep it short) when the request takes its slot.
         Closing the stream (or leaving its iteration) cancels the request and frees its slot; so does the
         stream's cancel() from any thread, and a request cancelled while it waits is never prefilled.
-        Raises GenerationError at once for bad settings, a prompt that does not fit a slot, or a
-        drafter that reads the target's features (not batched yet).
+        Raises GenerationError at once for bad settings, a prompt that does not fit a slot, or a draft
+        head (eagle) where the ragged-rows graph returns no hidden rows (distilled before heads were batched).
         """
         ids = self.engine.checked_prompt(prompt, config)
         self.check_fits(len(ids), config.max_new_tokens)
         opened = self.engine.open_request(ids, config)
         if opened.state.hidden:
-            raise GenerationError("a drafter that reads the target's features (eagle) is not batched yet: "
-                                  "use drafter 'ngram' or 'model', or the engine without batching")
+            self._check_heads()
         request = _Request(opened, on_start=on_start)
         with self._wake:
             if self._stopping:
@@ -269,6 +270,19 @@ class BatchEngine:
         return GenerationStream(lambda stream: self.engine.text_pieces(opened, self._iterations(request),
                                                                        request.counters, on_iteration, stream),
                                 on_cancel=lambda: self._cancel(request))
+
+    def _check_heads(self) -> None:
+        """Raise GenerationError unless a draft head's request can run here: its target rows (hidden states
+        included) come from the ragged-rows graph of every step it is in."""
+        rows = self.engine.target.spec.ragged_rows
+        if not self.arena.ragged:
+            raise GenerationError("a draft head (eagle) runs in the batch engine through the artifact's ragged-rows "
+                                  + (f"graph of {rows} rows: use --max-batch {rows}" if rows else
+                                     "graph, which it has not: re-export it, or use drafter 'ngram' or 'model'"))
+        if not self.engine.target.ragged_hidden:
+            raise GenerationError("this artifact's ragged-rows graph has no hidden-state output for the draft head "
+                                  "(distilled before heads were batched): run `specdec distill` again, or use "
+                                  "drafter 'ngram' or 'model'")
 
     def _cancel(self, request: _Request) -> None:
         request.cancelled.set()
@@ -304,6 +318,18 @@ class BatchEngine:
             self._cancel(request)  # a consumer that stops early frees the slot at the next step
 
     def _loop(self) -> None:
+        try:
+            self._schedule()
+        except BaseException as err:  # a scheduler bug: every request hears of it, none waits forever
+            stopped = GenerationError(f"the batch scheduler stopped: {type(err).__name__}: {err}")
+            with self._wake:
+                self._stopping = True
+                ended = list(self._waiting) + self._running
+            for request in ended:
+                request.out.put(stopped)
+            raise
+
+    def _schedule(self) -> None:
         while True:
             with self._wake:
                 while not self._stopping and not self._waiting and not self._running:
@@ -329,7 +355,8 @@ class BatchEngine:
             self._prefill_all(group)
             self._running = [r for r in self._running if not self._ended(r)]
             if self._running:
-                self._step()
+                # An error that no single request's guard caught (planning, drafting) ends this step's requests.
+                self._guarded_all(self._running, self._step)
         for request in list(self._waiting) + self._running:
             request.out.put(_END)
             self._release(request)
@@ -417,17 +444,20 @@ class BatchEngine:
         ks = self._draft_lengths(running, [(situation, len(looked_up[i].tokens) if i in looked_up else k)
                                            for i, (situation, k) in enumerate(plans)])
         proposals = self._draft_all(running, ks, looked_up)
-        if self._ragged_mode(running) and (self._plain_steps_ragged() or any(p.tokens for p in proposals)):
+        heads = any(r.opened.state.hidden for r in running)  # their drafter reads every step's hidden rows
+        if self._ragged_mode(running) and (self._plain_steps_ragged() or heads or any(p.tokens for p in proposals)):
             self._guarded_all(running, lambda: self._ragged_call(running, plans, proposals, start))
             self._running = [r for r in running if not self._ended(r)]
             return
         # A graph without plain batched calls (int4) runs a lone request's steps as the single-request loop does.
-        plain = [i for i, p in enumerate(proposals) if not p.tokens] if self.arena.plain_batches else []
+        # The batched decode call returns no hidden rows: a draft head's request takes the single loop's call.
+        plain = ([i for i, p in enumerate(proposals) if not p.tokens and not running[i].opened.state.hidden]
+                 if self.arena.plain_batches else [])
         if plain:
             self._guarded_all([running[i] for i in plain],
                               lambda: self._batched_call(running, plans, proposals, plain, start))
         for i, proposal in enumerate(proposals):
-            if proposal.tokens or not self.arena.plain_batches:
+            if i not in plain:
                 self._guarded(running[i], lambda r, i=i: self._verify(r, plans[i][0], proposals[i]))
         self._running = [r for r in running if not self._ended(r)]
 
@@ -527,9 +557,15 @@ class BatchEngine:
                for slot, i in index.items()}
         caches, rows, lengths = self.arena.ragged_rows(fed)  # a free slot's row takes no token
         greedy = all(r.opened.state.request.sampling.raw_argmax for r in running)
+        heads = [r for r in running if r.opened.state.hidden]
         start = time.perf_counter()
-        logits = self.engine.target.forward_ragged(self.arena.ragged_binding(), caches, rows, lengths, greedy)
+        logits = self.engine.target.forward_ragged(self.arena.ragged_binding(), caches, rows, lengths, greedy,
+                                                   hidden=bool(heads))
         seconds = time.perf_counter() - start
+        if heads:
+            logits, states = logits
+            for request in heads:  # what commit hands the head: the features of the rows it keeps
+                request.opened.state.states = states[request.cache.slot]
         self.ragged_calls += 1
         tokens = sum(len(row) for row in rows)
         if self.on_step is not None:

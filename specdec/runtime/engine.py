@@ -91,6 +91,8 @@ class Engine:
         # `specdec distill`'s trained head; a head trained for another target is refused here, in one line.
         self.eagle = (EagleHead(artifact_dir, manifest.feature_draft, manifest.target, self.target.vocab_limit,
                                 provider, threads) if manifest.feature_draft else None)
+        if self.eagle is not None:
+            self.target.feature_width = self.eagle.feature_width  # the batch engine binds the ragged graph's rows
         self.phrases = _load_phrases(artifact_dir, manifest, vocab)  # None: the artifact has no phrase table
         self.eos_token_ids = set(manifest.tokenizer.eos_token_ids)
         # One cost curve per engine, learned across requests: it is a fact of this machine and

@@ -158,6 +158,8 @@ class ModelSession:
         self._ragged_source = (folder / spec.ragged_file, provider, threads, spin) if spec.ragged_file else None
         self._ragged: ort.InferenceSession | None = None
         self._ragged_buffers: dict[str, np.ndarray] = {}  # forward_ragged's outputs, one buffer each
+        self._ragged_hidden: bool | None = None  # whether the ragged graph returns hidden rows, once looked up
+        self.feature_width = 0  # the hidden output's width where the graph leaves it symbolic (the head knows it)
         check_kv_buffer_device(spec, self.device)
         self.shared_kv = spec.kv_buffer == "shared"
         self.slicer: KVSlicer | None = None
@@ -203,16 +205,40 @@ class ModelSession:
             self._ragged, _ = create_session(str(path), provider, threads, spin)
         return self._ragged
 
+    @property
+    def ragged_hidden(self) -> bool:
+        """Return whether the ragged-rows graph also returns the hidden rows a draft head reads (tapped by
+        `specdec distill` since the batch engine runs heads)."""
+        if self._ragged_hidden is None:
+            ragged = self.ragged_session()
+            self._ragged_hidden = bool(self.spec.hidden_name) and ragged is not None and any(
+                o.name == self.spec.hidden_name for o in ragged.get_outputs())
+        return self._ragged_hidden
+
+    def _hidden_width(self) -> int:
+        """Return the width of the hidden output: the graph's, else learnt from a plain call, else the head's."""
+        width = self._outputs.get(self.spec.hidden_name, (None, None))[1]
+        width = width if isinstance(width, int) else self.feature_width
+        if not width:
+            raise GenerationError("the width of the target's hidden-state output is not known yet: load the "
+                                  "artifact's draft head with it (Engine.load)")
+        return width
+
     def forward_ragged(self, call: CallBinding, caches: list[KVCache | None], rows: list[list[int]],
-                       past_lengths: list[int], greedy: bool = False) -> list[np.ndarray]:
+                       past_lengths: list[int], greedy: bool = False, hidden: bool = False
+                       ) -> list[np.ndarray] | tuple[list[np.ndarray], list[np.ndarray]]:
         """Run ONE call of the ragged-rows graph: row r feeds rows[r] after past_lengths[r] positions of KV slot
-        r (bound in `call`); return each row's logits [len(rows[r]), vocab] (a row of its own batch-1 call's).
+        r (bound in `call`); return each row's logits [len(rows[r]), vocab] (a row of its own batch-1 call's),
+        and with `hidden` also each row's hidden states [len(rows[r]), features] (ragged_hidden graphs).
 
         caches[r] is row r's request cache (its tokens are appended), or None for a row that only fills the
         graph's fixed row count: it may have no tokens (its attention's throwaway row lands past whatever its
         slot holds). greedy: every row wants only its argmax, so a short call may read the 8-bit LM head.
         """
         spec = self.spec
+        if hidden and not self.ragged_hidden:
+            raise GenerationError("this artifact's ragged-rows graph has no hidden-state output for the draft "
+                                  "head: run `specdec distill` again")
         counts = np.array([len(r) for r in rows], dtype=np.int64)
         lengths = np.asarray(past_lengths, dtype=np.int64)
         if len(rows) != spec.ragged_rows or any(c is not None and not r for c, r in zip(caches, rows)):
@@ -237,23 +263,28 @@ class ModelSession:
             io.bind_cpu_input(spec.long_call_name, _LONG_CALL[False])
         if head:
             self._bind_ragged_output(io, spec.logits_name, 0, spec.vocab_size)
-            hidden = self._bind_ragged_output(io, spec.greedy_head["input_name"], total, head.weights.shape[1])
+            head_input = self._bind_ragged_output(io, spec.greedy_head["input_name"], total, head.weights.shape[1])
             approx = self._bind_ragged_output(io, spec.greedy_head["approx_name"], total, spec.vocab_size)
         else:
             logits_rows = self._bind_ragged_output(io, spec.logits_name, total, spec.vocab_size)
             if spec.greedy_head and self.greedy_head:  # the binding outlives the call: every output gets its shape
                 self._bind_ragged_output(io, spec.greedy_head["input_name"], total, self.greedy_head.weights.shape[1])
                 self._bind_ragged_output(io, spec.greedy_head["approx_name"], 0, spec.vocab_size)
+        features = None
+        if self.ragged_hidden:  # the binding outlives the call: every output gets its shape
+            features = self._bind_ragged_output(io, spec.hidden_name, total, self._hidden_width())
         self.ragged_session().run_with_iobinding(io)
         if head:
-            logits_rows = head.logits(hidden, np.ascontiguousarray(approx[:, : self.vocab_limit]))
-        logits, start = [], 0
+            logits_rows = head.logits(head_input, np.ascontiguousarray(approx[:, : self.vocab_limit]))
+        logits, states, start = [], [], 0
         for cache, row in zip(caches, rows):
             logits.append(np.array(logits_rows[start:start + len(row), : self.vocab_limit]))
+            if features is not None:
+                states.append(np.array(features[start:start + len(row)], dtype=np.float32))
             start += len(row)
             if cache is not None:
                 cache.append(cache.tensors, row)
-        return logits
+        return (logits, states) if hidden else logits
 
     def _bind_ragged_output(self, io: ort.IOBinding, name: str, rows: int, width: int) -> np.ndarray:
         """Bind output `name` [1, rows, width] to the first rows of one float32 buffer kept for every call's

@@ -279,7 +279,7 @@ def test_distill_with_feature_layers_taps_them_and_records_them(distilled_layers
     assert record["data"]["feature_layers"] == [1] and record["data"]["prompts"] == 16 and record["steps"] == 3
     assert resumed.target.hidden_layers == [1] and resumed.target.graph_file.endswith("model.hidden-1.onnx")
     on_disk = {p.name for p in (art / "target").glob("*.onnx")}
-    assert on_disk == {"model.hidden-1.onnx", "ragged.onnx"}, on_disk  # the earlier tapped graph is gone
+    assert on_disk == {"model.hidden-1.onnx", "ragged.hidden-1.onnx"}, on_disk  # the earlier tapped graphs are gone
 
 
 def test_trained_head_beats_the_untrained_one(distilled_artifact):

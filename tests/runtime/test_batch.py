@@ -426,6 +426,29 @@ def test_under_load_the_plan_weighs_the_drafts_prompt_lookup_found_not_the_k_it_
     assert max(verified) <= 2 and sum(verified) == sum(r.stats.drafted for r in results) > 0
 
 
+def test_an_error_in_a_step_ends_that_steps_requests_and_the_scheduler_serves_on(engine, monkeypatch):
+    """A drafter that raises while a step is planned and drafted ends the requests of that step with the error
+    (none waits forever), and the next requests are served."""
+    from specdec.runtime.drafters import NgramDrafter
+
+    def broken(self, context, k):
+        raise RuntimeError("drafter broke")
+
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(NgramDrafter, "propose", broken)
+            streams = [batch.stream(p, GenerationConfig(max_new_tokens=8, drafter="ngram", num_draft_tokens=2))
+                       for p in PROMPT_SET[:2]]
+            for stream in streams:
+                with pytest.raises(RuntimeError, match="drafter broke"):
+                    list(stream)
+        assert batch.alive
+        assert batch.generate(PROMPT_SET[2], GenerationConfig(max_new_tokens=4, drafter="ngram")).token_ids
+    finally:
+        batch.shutdown()
+
+
 def _burst(batch, prompts, configs):
     """Return the results of streams submitted while the scheduler is held off: one admission takes them all."""
     with batch._wake:  # re-entrant: stream() takes it too
@@ -469,8 +492,8 @@ def test_a_free_slots_row_takes_no_token_and_attends_over_nothing_unless_it_keep
     attention's throwaway row goes to position 0 (over nothing), with it past the prefix the slot keeps."""
     calls = []
     forward_ragged = engine.target.forward_ragged
-    monkeypatch.setattr(engine.target, "forward_ragged", lambda call, caches, rows, lengths, *rest: (
-        calls.append((caches, rows, lengths)), forward_ragged(call, caches, rows, lengths, *rest))[1])
+    monkeypatch.setattr(engine.target, "forward_ragged", lambda call, caches, rows, lengths, *rest, **options: (
+        calls.append((caches, rows, lengths)), forward_ragged(call, caches, rows, lengths, *rest, **options))[1])
     prompt = PROMPT_SET[0]
     reference = engine.generate(prompt, GenerationConfig(max_new_tokens=12, drafter="none")).token_ids
     for keep in (False, True):

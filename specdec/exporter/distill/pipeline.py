@@ -122,19 +122,27 @@ def _tap_target(artifact: Path, manifest: Manifest, model, tokenizer, layers: tu
     from specdec.runtime.session import ModelSession
 
     spec = manifest.target
-    # Kept where its LM head can skip rows too (a graph tapped before v9 is tapped again for that).
-    if spec.hidden_name and tuple(spec.hidden_layers) == tuple(layers) and (spec.head_row_start_name or spec.greedy_head):
+    # Kept where its LM head can skip rows too (a graph tapped before v9 is tapped again for that), and its
+    # ragged-rows graph is tapped as well (before, the batch engine could not run a head).
+    if spec.hidden_name and tuple(spec.hidden_layers) == tuple(layers) and (spec.head_row_start_name or spec.greedy_head) \
+            and (not spec.ragged_file or _has_output(artifact / spec.ragged_file, HIDDEN_OUTPUT)):
         return spec, manifest.validation.get("target_hidden", {})
     source = Path(spec.graph_file)
     tapped = tapped_graph_name(spec.graph_file, layers)
     what = "the LM head's input" + (f" and the normed inputs of layers {', '.join(map(str, layers))}" if layers else "")
     progress(f"target: adding the hidden-state output ({what}) as {tapped}")
     _, row_start = add_hidden_output(artifact / source, artifact / tapped, spec.logits_name, layers)
-    files = [str(tapped)] + spec.files[1:]
-    sha = {k: v for k, v in spec.sha256.items() if k != spec.graph_file}
-    sha[str(tapped)] = sha256_of_file(artifact / tapped)
+    renamed = {spec.graph_file: str(tapped)}
+    if spec.ragged_file:  # the batch engine's graph: the head reads every row's features from it
+        renamed[spec.ragged_file] = tapped_graph_name(spec.ragged_file, layers)
+        progress(f"target: adding the same output to the ragged-rows graph as {renamed[spec.ragged_file]}")
+        add_hidden_output(artifact / spec.ragged_file, artifact / renamed[spec.ragged_file], spec.logits_name, layers)
+    files = [renamed.get(f, f) for f in spec.files]
+    sha = {renamed.get(k, k): (sha256_of_file(artifact / renamed[k]) if k in renamed else v)
+           for k, v in spec.sha256.items()}
     spec = replace(spec, files=files, sha256=sha, hidden_name=HIDDEN_OUTPUT, hidden_layers=list(layers),
-                   head_row_start_name=row_start or spec.head_row_start_name)
+                   head_row_start_name=row_start or spec.head_row_start_name,
+                   ragged_file=renamed.get(spec.ragged_file, spec.ragged_file))
     session = ModelSession(artifact, spec, "cpu")
     worst = 0.0
     for prompt in ("The capital of France is", "Write a haiku about autumn leaves."):
@@ -148,10 +156,30 @@ def _tap_target(artifact: Path, manifest: Manifest, model, tokenizer, layers: tu
     report = {"max_hidden_diff": worst, "atol": atol, "passed": atol is None or worst <= atol}
     progress(f"target: hidden state vs PyTorch max |diff| {worst:.2e}" + (f" (atol {atol:g})" if atol else ""))
     if atol is not None and worst > atol:
-        (artifact / tapped).unlink(missing_ok=True)
+        for tapped_file in renamed.values():
+            (artifact / tapped_file).unlink(missing_ok=True)
         raise ExportError(f"the tapped hidden state differs from PyTorch's by {worst:.3g} > {atol:g}: "
                           "the tap is not the LM head's input")
+    if spec.ragged_file and session.device == "cpu":
+        from specdec.exporter.validate import ragged_rows_difference
+
+        prompts = [chat_ids(tokenizer, p) for p in ("The capital of France is", "Write a haiku about autumn.")]
+        report["ragged_rows_max_diff"] = ragged_rows_difference(session, prompts, hidden=True)
+        progress(f"target: ragged-rows graph's logits and hidden rows vs batch-1 calls max |diff| "
+                 f"{report['ragged_rows_max_diff']:.2e}")
+        if report["ragged_rows_max_diff"] != 0.0:
+            for tapped_file in renamed.values():
+                (artifact / tapped_file).unlink(missing_ok=True)
+            raise ExportError("the tapped ragged-rows graph does not score rows as batch-1 calls do "
+                              f"(max |diff| {report['ragged_rows_max_diff']:.3g})")
     return spec, report
+
+
+def _has_output(graph: Path, name: str) -> bool:
+    """Return whether the ONNX graph at `graph` has an output called `name` (its weights not read)."""
+    import onnx
+
+    return any(o.name == name for o in onnx.load(str(graph), load_external_data=False).graph.output)
 
 
 def _takes_turn(index: int, share: float) -> bool:
@@ -441,9 +469,10 @@ def _write_head(artifact: Path, manifest: Manifest, target_spec: GraphSpec, hidd
 
 def _remove_unlisted(artifact: Path, old: Manifest, new: Manifest) -> None:
     """Delete files the old manifest listed (and earlier eagle folders) that the new one does not."""
-    listed = {f for g in new.graphs() for f in g.files} | set(new.feature_draft.files if new.feature_draft else [])
+    listed = ({f for g in new.graphs() for f in g.files} | {g.ragged_file for g in new.graphs() if g.ragged_file}
+              | set(new.feature_draft.files if new.feature_draft else []))
     for graph in old.graphs():
-        for rel in graph.files[:1]:
+        for rel in graph.files[:1] + ([graph.ragged_file] if graph.ragged_file else []):
             if rel not in listed:
                 (artifact / rel).unlink(missing_ok=True)
     keep = {Path(f).parts[0] for f in listed}

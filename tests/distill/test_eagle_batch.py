@@ -1,0 +1,87 @@
+"""Draft heads in the batch engine: the target's ragged-rows graph returns every row's hidden states (tapped by
+`specdec distill`), each request's head drafts from its own rows, and every text is still its own."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import onnx
+import pytest
+
+from specdec.exporter.distill.hidden_tap import _remove_tap
+from specdec.models.errors import GenerationError
+from specdec.models.manifest import MANIFEST_FILENAME, load_manifest
+from specdec.runtime.batch import BatchEngine
+from specdec.runtime.engine import Engine, GenerationConfig
+
+from tests.distill.test_eagle_runtime import _prompts
+from tests.runtime.test_batch import _burst, _concurrently
+
+
+@pytest.fixture(scope="module")
+def engine(distilled_artifact):
+    return Engine.load(distilled_artifact, provider="cpu", threads=1)
+
+
+def test_distill_taps_the_ragged_rows_graph_whose_rows_equal_batch_1_calls(distilled_artifact):
+    manifest = load_manifest(distilled_artifact)
+    assert manifest.target.ragged_file.endswith(".hidden.onnx") and manifest.target.ragged_file in manifest.target.sha256
+    assert manifest.validation["target_hidden"]["ragged_rows_max_diff"] == 0.0
+
+
+@pytest.mark.parametrize("clients", [4, 8])
+def test_head_requests_under_load_give_each_prompts_target_only_greedy_text(engine, clients):
+    prompts = (_prompts(engine) * 4)[:clients]
+    reference = [engine.generate(p, GenerationConfig(max_new_tokens=24, drafter="none")).token_ids for p in prompts]
+    kinds = [dict(drafter="eagle", num_draft_tokens=3), dict(drafter="none"), dict(drafter="eagle", num_draft_tokens=1),
+             dict(drafter="ngram+eagle", num_draft_tokens="auto")]
+    configs = [GenerationConfig(max_new_tokens=24, **kinds[i % len(kinds)]) for i in range(clients)]
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=256)
+    try:
+        results = _concurrently(batch, prompts, configs)
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference
+    assert batch.ragged_calls > 0
+    heads = [r for r, c in zip(results, configs) if c.drafter == "eagle"]
+    assert sum(r.stats.drafted for r in heads) > 0 and sum(r.stats.accepted for r in heads) > 0
+
+
+def test_a_seeded_sampled_head_request_gives_its_own_tokens_under_load(engine):
+    prompts = _prompts(engine)
+    config = GenerationConfig(max_new_tokens=24, drafter="eagle", num_draft_tokens=2, temperature=0.8, seed=11)
+    alone = engine.generate(prompts[0], config).token_ids
+    others = [GenerationConfig(max_new_tokens=24, drafter=d, num_draft_tokens=2, temperature=0.8, seed=s)
+              for d, s in (("none", 1), ("eagle", 2), ("ngram", 3))]
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=256)
+    try:
+        results = _burst(batch, prompts, [config] + others)
+    finally:
+        batch.shutdown()
+    assert results[0].token_ids == alone
+
+
+def test_an_artifact_whose_ragged_graph_has_no_hidden_rows_is_refused_naming_distill(distilled_artifact, tmp_path):
+    folder = tmp_path / "art"
+    shutil.copytree(distilled_artifact, folder)
+    manifest = json.loads((folder / MANIFEST_FILENAME).read_text())
+    graph = onnx.load(str(folder / manifest["target"]["ragged_file"]), load_external_data=False)
+    _remove_tap(graph)  # the ragged graph as distill left it before heads were batched
+    onnx.save(graph, str(folder / "target" / "ragged.onnx"))
+    manifest["target"]["ragged_file"] = "target/ragged.onnx"
+    (folder / MANIFEST_FILENAME).write_text(json.dumps(manifest))
+    old = Engine.load(folder, provider="cpu", threads=1, check_files=False)
+    batch = BatchEngine(old, max_batch=8, kv_capacity=256)
+    try:
+        with pytest.raises(GenerationError, match="run `specdec distill` again"):
+            batch.stream("Hello", GenerationConfig(drafter="eagle"))
+        assert batch.generate("Hello", GenerationConfig(max_new_tokens=4, drafter="none")).token_ids  # others run
+    finally:
+        batch.shutdown()
+    small = BatchEngine(Engine.load(distilled_artifact, provider="cpu", threads=1), max_batch=4, kv_capacity=256)
+    try:
+        with pytest.raises(GenerationError, match="--max-batch 8"):
+            small.stream("Hello", GenerationConfig(drafter="eagle"))
+    finally:
+        small.shutdown()
