@@ -85,3 +85,35 @@ def test_an_artifact_whose_ragged_graph_has_no_hidden_rows_is_refused_naming_dis
             small.stream("Hello", GenerationConfig(drafter="eagle"))
     finally:
         small.shutdown()
+
+
+def test_sampled_head_requests_under_batching_keep_the_targets_distribution(engine):
+    """Chi-square of the first four tokens' joint distribution, head and plain requests mixed 8 at a time."""
+    from collections import Counter
+
+    from specdec.runtime.sampling import SamplingConfig
+    from tests.runtime.test_exactness import _chi_square, _target_joint
+
+    settings = dict(temperature=1.3, top_k=3)
+    prompt_ids = _prompts(engine)[0]
+    exact = _target_joint(engine, prompt_ids, SamplingConfig(**settings), depth=4)
+    runs, observed, drafted, accepted = 1500, Counter(), 0, 0
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=256)
+    try:
+        for start in range(0, 2 * runs, 64):
+            streams = [(s % 2 == 0, batch.stream(prompt_ids, GenerationConfig(
+                max_new_tokens=4, seed=s, drafter="eagle" if s % 2 == 0 else "none", num_draft_tokens=2, **settings)))
+                for s in range(start, start + 64)]
+            for head, stream in streams:
+                for _ in stream:
+                    pass
+                if head:
+                    observed[tuple(stream.result.token_ids[:4])] += 1
+                    drafted += stream.result.stats.drafted
+                    accepted += stream.result.stats.accepted
+    finally:
+        batch.shutdown()
+    assert batch.ragged_calls > 0 and 0 < accepted < drafted  # drafts verified, some rejected (resampled)
+    assert set(observed) <= set(exact), "sampled a sequence the target gives zero probability"
+    chi2, critical = _chi_square(observed, exact, sum(observed.values()))
+    assert chi2 < critical, (chi2, critical)
