@@ -412,8 +412,7 @@ class BatchEngine:
         tokens = sum(len(row) for row in rows)
         for request in group:
             share = seconds * len(rows[request.cache.slot]) / tokens
-            request.cache.run_seconds += share
-            request.cache.run_calls += 1
+            request.cache.count_call(share)
             self._guarded(request, lambda r, share=share: self._started(
                 r, first_token(r.opened.state, logits[r.cache.slot][-1], None, share)))
 
@@ -501,8 +500,7 @@ class BatchEngine:
             for i in list(pending):
                 running[i].opened.state.draft_seconds += share
                 if batched:  # a batch-1 call counted itself
-                    models[i].cache.run_seconds += share
-                    models[i].cache.run_calls += 1
+                    models[i].cache.count_call(share)
                 try:
                     pending[i] = (pending[i][0], pending[i][0].send(logits[i]))
                 except StopIteration as done:
@@ -526,8 +524,7 @@ class BatchEngine:
             self.on_step(len(plain))
         for i in plain:
             request = running[i]
-            request.cache.run_seconds += seconds / len(plain)
-            request.cache.run_calls += 1
+            request.cache.count_call(seconds / len(plain))
             # A call shared by several rows is not a batch-1 call: auto's t(n) must not learn from it.
             shared = seconds if len(plain) == 1 else 0.0
             self._guarded(request, lambda r, i=i: self._deliver(r, commit(
@@ -572,8 +569,7 @@ class BatchEngine:
             self.on_step(len(running))
         for slot, i in index.items():
             request = running[i]
-            request.cache.run_seconds += seconds * len(rows[slot]) / tokens
-            request.cache.run_calls += 1
+            request.cache.count_call(seconds * len(rows[slot]) / tokens)
             # A shared call is not a batch-1 call: auto's t(n) does not learn from it (target_seconds 0).
             self._guarded(request, lambda r, i=i, slot=slot: self._deliver(r, commit(
                 r.opened.state, r.cache, plans[i][0], proposals[i], logits[slot], 0.0)))

@@ -153,6 +153,11 @@ class KVCache:
         self.tensors = []
         self.token_ids = []
 
+    def count_call(self, seconds: float) -> None:
+        """Count one model call for this request's stats: `seconds` inside session.run (its share of a shared call)."""
+        self.run_seconds += seconds
+        self.run_calls += 1
+
     @property
     def length(self) -> int:
         """Return the number of cached positions."""

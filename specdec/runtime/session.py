@@ -418,8 +418,7 @@ class ModelSession:
         hidden_value = self._output(call, spec.hidden_name, n_fed, "cpu") if hidden else None
         start = time.perf_counter()
         self.session.run_with_iobinding(binding)
-        cache.run_seconds += time.perf_counter() - start
-        cache.run_calls += 1
+        cache.count_call(time.perf_counter() - start)
         # Copies: the output buffers are written again by the next call of this cache.
         kept, kept_by_head = plan.kept, plan.kept_by_head
         if head:
