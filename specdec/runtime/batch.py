@@ -213,30 +213,50 @@ class BatchEngine:
 
         Call before submitting: the scheduler must not run beside it.
         """
-        target = self.engine.target
-        past = min(CALIBRATION_PAST, self.arena.parked_position - 8)  # every row attends over a typical context
         plain_rows = _CALIBRATION_ROWS if self.arena.plain_batches else (1,)
         for rows in (r for r in plain_rows if r <= self.max_batch):
-            times = []
-            for _ in range(repeats + 1):  # the first call of a shape also binds its buffers
-                start = time.perf_counter()
-                target.forward_batch(lambda head, n=rows: self.arena.binding(n, head), [None] * rows, [0] * rows,
-                                     [past] * rows, self.arena.parked_position, greedy=False)
-                times.append(time.perf_counter() - start)
-            self.batch_costs.observe(rows, min(times[1:]))
+            self.batch_costs.observe(rows, self.time_batched_call(rows, repeats=repeats))
         if self.arena.ragged:
             slots = self.max_batch
             for active, per_row in ((1, 1), (max(slots // 2, 1), 1), (slots, 1), (slots, 3), (slots, 5)):
-                rows = [[0] * per_row] * active + [[]] * (slots - active)  # slots no request holds take no tokens
-                times = []
-                for _ in range(repeats + 1):
-                    start = time.perf_counter()
-                    target.forward_ragged(self.arena.ragged_binding(), [None] * slots, rows,
-                                          [past] * active + [self.arena.idle_length(s) for s in range(active, slots)])
-                    times.append(time.perf_counter() - start)
-                self.ragged_costs.observe(active * per_row, min(times[1:]))
+                tokens = [per_row] * active + [0] * (slots - active)  # slots no request holds take no tokens
+                self.ragged_costs.observe(active * per_row, self.time_ragged_call(tokens, repeats=repeats))
                 self._ragged_shapes.add(active * per_row)
         return self.batch_costs.table()
+
+    def _calibration_past(self) -> int:
+        return min(CALIBRATION_PAST, self.arena.parked_position - 8)  # every row attends over a typical context
+
+    def time_batched_call(self, rows: int, repeats: int = 3, greedy: bool = False) -> float:
+        """Return the fastest of `repeats` batched decode calls over `rows` rows of one token (each attending over
+        CALIBRATION_PAST positions), after one untimed call that binds the shape's buffers. Not beside the
+        scheduler."""
+        if rows > 1 and not self.arena.plain_batches:
+            raise GenerationError("this artifact's plain graph takes one row a call: its steps run in the ragged graph")
+        target, past = self.engine.target, self._calibration_past()
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            target.forward_batch(lambda head, n=rows: self.arena.binding(n, head), [None] * rows, [0] * rows,
+                                 [past] * rows, self.arena.parked_position, greedy=greedy)
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
+
+    def time_ragged_call(self, tokens: list[int], repeats: int = 3, greedy: bool = False) -> float:
+        """Return the fastest of `repeats` ragged-rows calls where slot s feeds tokens[s] tokens (0: an idle slot)
+        after CALIBRATION_PAST positions, after one untimed call. Needs the artifact's ragged-rows graph; not beside
+        the scheduler."""
+        if not self.arena.ragged:
+            raise GenerationError("this artifact has no ragged-rows graph: export it again with --batch-rows")
+        slots, past = self.max_batch, self._calibration_past()
+        rows = [[0] * n for n in tokens] + [[]] * (slots - len(tokens))
+        pasts = [past if row else self.arena.idle_length(s) for s, row in enumerate(rows)]
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            self.engine.target.forward_ragged(self.arena.ragged_binding(), [None] * slots, rows, pasts, greedy=greedy)
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
 
     def generate(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig()):
         """Return the GenerationResult of one request, run among whatever else is running."""
