@@ -9,7 +9,7 @@ EXPORT_FLAGS ?= --greedy-head
 # A grounded prompt: the answer copies from the prompt, which is where prompt-lookup drafting shines.
 PROMPT ?= Rewrite this in simpler words, keeping every fact: The committee approved the budget on Tuesday after a long debate. The new budget increases funding for public libraries by ten percent and for school buses by five percent, and it cuts spending on road repairs.
 
-.PHONY: install test test-fast demo bench bench-quick bench-heldout bench-serve anchors-genai anchors-serve device-kit distill phrases mutants clean
+.PHONY: install test test-fast demo bench bench-quick bench-heldout bench-bound bench-serve anchors-genai anchors-serve device-kit distill phrases mutants clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -155,6 +155,10 @@ anchors-serve: $(LLAMA_SERVER) $(VLLM_VENV)/.installed $(HF_FOLDER)/config.json
 
 # specdec serve (--max-batch 8, fp32), llama-server (-np 8, the Q4_1 GGUF) and vLLM CPU (fp32) at 2 threads each,
 # 1-16 streaming clients, alternating rounds; writes benchmarks/out/serve-bench/{serve_load.md,serve.png}.
+# What any choice of K could gain over plain batching on this machine (benchmarks/SERVE-BATCH.md, "The bound").
+bench-bound: $(STAMP) $(ARTIFACT)/specdec.json
+	$(BIN)/python -m specdec.benchmarks.batch_bound $(ARTIFACT) --lanes 2,4,8 --threads 2
+
 bench-serve: $(STAMP) $(ARTIFACT)/specdec.json anchors-serve
 	$(BIN)/python tools/bench_serve.py --artifact $(ARTIFACT) --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
 		--llama-server $(LLAMA_SERVER) --vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --threads 2

@@ -73,6 +73,9 @@ def test_bound_tool_runs_on_a_tiny_artifact(tiny_close_artifacts, tmp_path):
     for row in report["lanes"]:
         assert min(map(int, row["ragged_call_s"])) == row["lanes"] and all(s > 0 for s in row["ragged_call_s"].values())
         assert row["oracle_tok_s"] >= row["lookup_tok_s"] * 0.999  # the oracle verifies a subset of lookup's drafts
+        # a flat step: both gain exactly the tokens per iteration, the oracle no less than lookup
+        assert row["flat_oracle_vs_plain"] == pytest.approx(row["flat_lookup_vs_plain"])
+        assert row["flat_oracle_vs_plain"] >= 1.0
 
 
 def test_bound_tool_refuses_a_missing_artifact_in_one_line(tmp_path):
