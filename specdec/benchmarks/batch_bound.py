@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from specdec.runtime.calibration import cpu_model
 from specdec.runtime.prompts import PromptCase, load_prompts
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
@@ -125,9 +125,11 @@ def record_traces(engine, prompts: list[PromptCase], k: int, max_new_tokens: int
 
 def time_steps(batch, lanes: int, max_tokens: int, repeats: int) -> tuple[float | None, dict[int, float]]:
     """Return (the batched decode call over `lanes` rows, None where the plain graph does not batch (int4: its
-    steps run in the ragged graph), {total tokens: the ragged call with them spread evenly over the lanes}). Both read the fp32 LM head: the 8-bit greedy head's bound check fails on the timing calls'
-    made-up tokens, and where it holds it makes short (plain) calls cheaper, so the fp32 head is the kinder
-    measure for speculation."""
+    steps run in the ragged graph), {total tokens: the ragged call with them spread evenly over the lanes}).
+
+    Both read the fp32 LM head: the 8-bit greedy head's bound check fails on the timing calls' made-up tokens,
+    and where it holds it makes short (plain) calls cheaper, so the fp32 head is the kinder measure for
+    speculation."""
     plain = batch.time_batched_call(lanes, repeats=repeats) if batch.arena.plain_batches else None
     ragged = {}
     for per_row in RAGGED_TOTALS_PER_ROW:
@@ -160,17 +162,6 @@ def step_pricer(plain: float | None, ragged: dict[int, float]) -> Callable[[list
         return ragged_seconds(total)
 
     return step_seconds
-
-
-def cpu_name() -> str:
-    """Return the CPU's model name (Linux), else the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecdecError, OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    report = {"cpu": cpu_name(), "threads": args.threads, "artifact": str(args.artifact), "k": args.k,
+    report = {"cpu": cpu_model() or "unknown CPU", "threads": args.threads, "artifact": str(args.artifact), "k": args.k,
               "seconds": time.time() - started, "traces": [asdict(t) for t in traces], "lanes": rows}
     if args.json:
         print(json.dumps(report, indent=1))

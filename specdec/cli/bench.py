@@ -18,6 +18,7 @@ import numpy as np
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
 from specdec.cli.options import json_option, max_new_tokens_option, provider_option, threads_option
+from specdec.runtime.calibration import cpu_model
 from specdec.runtime.config import MAX_DRAFT_TOKENS
 
 GENAI_PREFILL_SAMPLES = 3  # extra prefills per genai worker run: TTFT is a median, as specdec's (3 runs per repeat)
@@ -66,14 +67,7 @@ def _target_graph(engine) -> str:
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model() or platform.machine()
     return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}"
 
 

@@ -227,10 +227,10 @@ class BatchEngine:
     def _calibration_past(self) -> int:
         return min(CALIBRATION_PAST, self.arena.parked_position - 8)  # every row attends over a typical context
 
-    def time_batched_call(self, rows: int, repeats: int = 3, greedy: bool = False) -> float:
+    def time_batched_call(self, rows: int, repeats: int = 3) -> float:
         """Return the fastest of `repeats` batched decode calls over `rows` rows of one token (each attending over
         CALIBRATION_PAST positions), after one untimed call that binds the shape's buffers. Not beside the
-        scheduler."""
+        scheduler. The fp32 LM head: on made-up tokens the 8-bit greedy head's bound fails and it recomputes."""
         if rows > 1 and not self.arena.plain_batches:
             raise GenerationError("this artifact's plain graph takes one row a call: its steps run in the ragged graph")
         target, past = self.engine.target, self._calibration_past()
@@ -238,23 +238,26 @@ class BatchEngine:
         for _ in range(repeats + 1):
             start = time.perf_counter()
             target.forward_batch(lambda head, n=rows: self.arena.binding(n, head), [None] * rows, [0] * rows,
-                                 [past] * rows, self.arena.parked_position, greedy=greedy)
+                                 [past] * rows, self.arena.parked_position, greedy=False)
             times.append(time.perf_counter() - start)
         return min(times[1:])
 
-    def time_ragged_call(self, tokens: list[int], repeats: int = 3, greedy: bool = False) -> float:
+    def time_ragged_call(self, tokens: list[int], repeats: int = 3) -> float:
         """Return the fastest of `repeats` ragged-rows calls where slot s feeds tokens[s] tokens (0: an idle slot)
-        after CALIBRATION_PAST positions, after one untimed call. Needs the artifact's ragged-rows graph; not beside
-        the scheduler."""
-        if not self.arena.ragged:
-            raise GenerationError("this artifact has no ragged-rows graph: export it again with --batch-rows")
+        after CALIBRATION_PAST positions, after one untimed call (fp32 LM head). Needs a ragged-rows graph of
+        max_batch rows; not beside the scheduler."""
         slots, past = self.max_batch, self._calibration_past()
+        if not self.arena.ragged:
+            raise GenerationError(f"no ragged-rows graph of {slots} rows here (the artifact's has "
+                                  f"{self.engine.target.spec.ragged_rows}): export with --batch-rows {slots}")
+        if len(tokens) > slots:
+            raise GenerationError(f"{len(tokens)} rows asked of a ragged-rows graph of {slots}")
         rows = [[0] * n for n in tokens] + [[]] * (slots - len(tokens))
         pasts = [past if row else self.arena.idle_length(s) for s, row in enumerate(rows)]
         times = []
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            self.engine.target.forward_ragged(self.arena.ragged_binding(), [None] * slots, rows, pasts, greedy=greedy)
+            self.engine.target.forward_ragged(self.arena.ragged_binding(), [None] * slots, rows, pasts)
             times.append(time.perf_counter() - start)
         return min(times[1:])
 

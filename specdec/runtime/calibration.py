@@ -103,7 +103,8 @@ def cache_dir() -> Path | None:
     return Path(root) / "call-costs"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """Return the CPU's model name (Linux /proc/cpuinfo), else the platform's processor string."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
             for line in info:
@@ -120,7 +121,7 @@ def cache_key(graph_digest: str, device: str, threads: int | None, runtime_versi
     graph_digest: anything that changes with the target's files (the engine joins their sha256s).
     """
     parts = {"graph": graph_digest, "device": device, "threads": threads or os.cpu_count(),
-             "onnxruntime": runtime_version, "machine": platform.machine(), "cpu": _cpu_model(),
+             "onnxruntime": runtime_version, "machine": platform.machine(), "cpu": cpu_model(),
              "cpus": os.cpu_count()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
