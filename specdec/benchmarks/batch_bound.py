@@ -4,15 +4,18 @@ Two measurements, then arithmetic. (1) Each prompt of the load runs alone with p
 (greedy, the single loop): per iteration, how many drafts lookup proposed and how many the target accepted.
 (2) The batch engine's calls are timed on this machine: the batched decode call over the lanes' rows and
 the ragged-rows call over 8, 12, ... tokens spread across the rows. Then `lanes` closed-loop clients are
-replayed step by step: every step advances each lane's request by one iteration.
+replayed step by step (`replay`): each step a policy gives every lane its K, and the lane commits the
+accepted drafts among them plus one token.
 
-- plain: each lane commits one token a step, in the cheaper of the batched and the ragged call;
-- oracle: each lane drafts exactly the tokens the target will accept (foresight no plan has) and commits
-  them plus one; the step is one ragged call over every lane's 1 + accepted tokens;
-- lookup: each lane verifies everything lookup proposed (up to K), the naive batch.
+- plain: no drafts, one token a lane, in the cheaper of the batched and the ragged call;
+- oracle: each lane drafts exactly the tokens the target will accept (foresight no plan has); the step is
+  one ragged call over every lane's 1 + accepted tokens;
+- lookup: each lane verifies everything lookup proposed (up to K), the naive batch;
+- plan: the batch engine's own choice (batch_plan.choose_draft_lengths_ragged over each request's record, at
+  the serving K), without the engine's noise: what its estimates lose against the oracle.
 
 oracle / plain bounds what any choice of K per request can gain over plain batching here, before prefills
-(the same in both; they only dilute the ratio). Greedy outputs are the same in all three, so the tokens are.
+(the same in all; they only dilute the ratio). Greedy outputs are the same under every policy, so the tokens are.
 The same replays priced with a flat step (a call costs the same whatever it feeds: the memory-bound regime a
 GPU keeps at these sizes) give the `flat` column, where drafting everything lookup finds costs nothing and
 oracle and lookup are one figure: arithmetic on this machine's traces, not a GPU measurement.
@@ -26,11 +29,12 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from specdec.runtime.calibration import cpu_model
+from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.prompts import PromptCase, load_prompts
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
@@ -69,42 +73,109 @@ class Replay:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def replay(traces: list[Trace], lanes: int, policy: str, step_seconds: Callable[[list[int]], float],
-           requests_per_lane: int = 24) -> Replay:
-    """Return the replay of `lanes` clients, lane j running traces j, j + 1, ... (cyclic, from its own start), until the first lane
-    has run `requests_per_lane` requests (so every step is a full batch, as under closed-loop load).
+@dataclass
+class Lane:
+    """One closed-loop client of a replay: where its request is in its trace, and that request's own record."""
 
-    policy: "plain" (one token per lane a step), "oracle" (a lane verifies its iteration's accepted drafts)
-    or "lookup" (it verifies every proposed draft). step_seconds(tokens per lane) prices one step.
+    trace: int
+    iteration: int = 0
+    consumed: int = 0  # tokens of the current iteration committed so far (its accepted drafts, then one more)
+    # per draft position j: iterations of this request that tested the j-th draft, and that accepted it
+    tested: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
+    passed: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
+
+    def left(self, trace: Trace) -> tuple[int, int]:
+        """Return (drafts lookup proposes now, how many of them the target accepts) in the current iteration."""
+        return (max(trace.drafted[self.iteration] - self.consumed, 0),
+                max(trace.accepted[self.iteration] - self.consumed, 0))
+
+    def kept(self, k: int) -> tuple[float, ...]:
+        """Return the chance of each of k drafts being accepted as the batch engine's plan estimates it from the
+        request's own record (BatchEngine's _Request.kept: per position, Laplace, multiplied along)."""
+        chances, running = [], 1.0
+        for j in range(min(k, MAX_DRAFT_TOKENS)):
+            running *= (self.passed[j] + 1) / (self.tested[j] + 2)
+            chances.append(running)
+        return tuple(chances)
+
+
+# A policy: the K of every lane this step, from the lanes and the traces.
+Policy = Callable[[list[Lane], list[Trace]], list[int]]
+
+
+def plain_policy(lanes: list[Lane], traces: list[Trace]) -> list[int]:
+    """Return no drafts for any lane."""
+    return [0] * len(lanes)
+
+
+def oracle_policy(lanes: list[Lane], traces: list[Trace]) -> list[int]:
+    """Return, per lane, exactly the drafts the target will accept (foresight no plan has)."""
+    return [lane.left(traces[lane.trace])[1] for lane in lanes]
+
+
+def lookup_policy(k: int) -> Policy:
+    """Return the policy that verifies every draft lookup proposes, up to k."""
+    return lambda lanes, traces: [min(lane.left(traces[lane.trace])[0], k) for lane in lanes]
+
+
+def plan_policy(k: int, batch_seconds: Callable[[int], float], ragged_seconds: Callable[[int], float],
+                margin: float) -> Policy:
+    """Return the batch engine's plan (batch_plan.choose_draft_lengths_ragged over each request's own record) for
+    lookups of up to k drafts, priced by these call costs."""
+    from specdec.runtime.batch_plan import DraftCandidate, choose_draft_lengths_ragged
+
+    def choose(lanes: list[Lane], traces: list[Trace]) -> list[int]:
+        found = [min(lane.left(traces[lane.trace])[0], k) for lane in lanes]
+        asking = [i for i, n in enumerate(found) if n]
+        candidates = [DraftCandidate(found[i], 0.5, kept=lanes[i].kept(found[i])) for i in asking]
+        ks = [0] * len(lanes)
+        if candidates:
+            chosen = choose_draft_lengths_ragged(candidates, len(lanes) - len(candidates), batch_seconds,
+                                                 ragged_seconds, margin=margin)
+            for i, n in zip(asking, chosen):
+                ks[i] = n
+        return ks
+
+    return choose
+
+
+def replay(traces: list[Trace], lanes: int, policy: Policy, step_seconds: Callable[[list[int]], float],
+           requests_per_lane: int = 24, name: str = "") -> Replay:
+    """Return the replay of `lanes` clients, lane j running traces j, j + 1, ... (cyclic, from its own start), until
+    the first lane has run `requests_per_lane` requests (so every step is a full batch, as under closed-loop load).
+
+    Each step the policy gives every lane its K (at most what lookup proposes now); a lane commits its accepted
+    drafts of them plus one token. A K under the iteration's accepted drafts leaves the rest of that copy for its
+    next step (lookup proposes the continuation); one token with no draft is the target's next, as plainly
+    decoded. step_seconds(tokens per lane) prices one step.
     """
-    if policy not in ("plain", "oracle", "lookup"):
-        raise ValueError(f"unknown policy {policy!r}")
-    position = [[j % len(traces), 0] for j in range(lanes)]  # (trace, iteration or token) per lane
+    state = [Lane(j % len(traces)) for j in range(lanes)]
     done = [0] * lanes
     tokens = steps = verify_tokens = 0
     seconds = 0.0
     while min(done) < requests_per_lane:
-        fed, committed = [], 0
-        for lane, (t, i) in enumerate(position):
-            trace = traces[t]
-            if policy == "plain":
-                fed.append(1)
-                committed += 1
-                finished = i + 1 >= trace.new_tokens
-            else:
-                drafts = trace.accepted[i] if policy == "oracle" else trace.drafted[i]
-                fed.append(1 + drafts)
-                committed += 1 + trace.accepted[i]
-                finished = i + 1 >= len(trace.accepted)
-            position[lane][1] += 1
-            if finished:
-                position[lane] = [(t + 1) % len(traces), 0]
-                done[lane] += 1
+        ks = policy(state, traces)
+        for j, (lane, k) in enumerate(zip(state, ks)):
+            trace = traces[lane.trace]
+            proposed, accepted = lane.left(trace)
+            if k > proposed:
+                raise ValueError(f"policy {name!r} drafted {k} where lookup proposes {proposed}")
+            kept = min(k, accepted)
+            for position in range(min(k, kept + 1, MAX_DRAFT_TOKENS)):
+                lane.tested[position] += 1
+                lane.passed[position] += position < kept
+            lane.consumed += kept + 1
+            tokens += kept + 1
+            if lane.consumed > trace.accepted[lane.iteration]:  # the iteration's last token is committed
+                lane.iteration, lane.consumed = lane.iteration + 1, 0
+                if lane.iteration == len(trace.accepted):  # the request is done: the client sends the next
+                    state[j] = Lane((lane.trace + 1) % len(traces))
+                    done[j] += 1
+        fed = [1 + k for k in ks]
         seconds += step_seconds(fed)
-        tokens += committed
         verify_tokens += sum(fed)
         steps += 1
-    return Replay(policy, lanes, tokens, seconds, steps, verify_tokens)
+    return Replay(name, lanes, tokens, seconds, steps, verify_tokens)
 
 
 def record_traces(engine, prompts: list[PromptCase], k: int, max_new_tokens: int) -> list[Trace]:
@@ -141,27 +212,34 @@ def time_steps(batch, lanes: int, max_tokens: int, repeats: int) -> tuple[float 
     return plain, ragged
 
 
-def step_pricer(plain: float | None, ragged: dict[int, float]) -> Callable[[list[int]], float]:
-    """Return step_seconds(tokens per lane): the cheaper call for an all-ones step, else the ragged call's
-    time at that total, linear between (and beyond) the totals timed."""
-    totals = sorted(ragged)
+@dataclass(frozen=True)
+class CallPrices:
+    """What a step costs here: the batched decode call over the lanes (None: the plain graph does not batch) and
+    the ragged call by total tokens, timed at some totals and linear between (and beyond) them."""
 
-    def ragged_seconds(total: int) -> float:
-        if total in ragged:
-            return ragged[total]
+    lanes: int
+    batched: float | None
+    ragged_by_tokens: dict[int, float]
+
+    def ragged(self, total: int) -> float:
+        """Return the ragged call's seconds over `total` tokens."""
+        known, totals = self.ragged_by_tokens, sorted(self.ragged_by_tokens)
+        if total in known:
+            return known[total]
         lo = max([t for t in totals if t < total], default=totals[0])
         hi = min([t for t in totals if t > total], default=totals[-1])
         if lo == hi:
             lo, hi = (totals[-2], totals[-1]) if total > totals[-1] else (totals[0], totals[1])
-        return ragged[lo] + (ragged[hi] - ragged[lo]) * (total - lo) / (hi - lo)
+        return known[lo] + (known[hi] - known[lo]) * (total - lo) / (hi - lo)
 
-    def step_seconds(fed: list[int]) -> float:
+    def plain(self, rows: int) -> float:
+        """Return a step of `rows` one-token rows: the cheaper of the batched and the ragged call."""
+        return self.ragged(rows) if self.batched is None else min(self.batched, self.ragged(rows))
+
+    def step(self, fed: list[int]) -> float:
+        """Return the seconds of a step feeding fed[j] tokens to lane j."""
         total = sum(fed)
-        if total == len(fed) and plain is not None:
-            return min(plain, ragged_seconds(total))
-        return ragged_seconds(total)
-
-    return step_seconds
+        return self.plain(total) if total == len(fed) else self.ragged(total)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lanes", default="2,4,8", help="client counts to replay, comma separated (at most the "
                         "ragged graph's rows; 1 is priced on that graph too, not the single loop's calls)")
     parser.add_argument("-k", type=int, default=16, help="lookup's K in the recorded runs (the oracle's ceiling)")
+    parser.add_argument("--plan-k", type=int, default=4,
+                        help="the K the replayed plan may give a lookup (the artifact's default K under serve)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="answer length, as in the serve load")
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per shape (the fastest is kept)")
@@ -179,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from specdec.models.errors import SpecdecError
     from specdec.runtime import BatchEngine, Engine
+    from specdec.runtime.batch import DRAFT_MARGIN
 
     try:
         lanes = sorted({int(n) for n in args.lanes.split(",")})
@@ -190,14 +271,16 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for n in lanes:
                 plain, ragged = time_steps(batch, n, max_tokens=n * (args.k + 1), repeats=args.repeats)
-                price = step_pricer(plain, ragged)
-                runs = {p: replay(traces, n, p, price) for p in ("plain", "oracle", "lookup")}
-                flat = {p: replay(traces, n, p, lambda fed: 1.0).tokens_per_second for p in ("plain", "oracle", "lookup")}
-                rows.append({"lanes": n, "batched_call_s": plain if plain is not None else ragged[n], "ragged_call_s": ragged,
-                             **{f"{p}_tok_s": r.tokens_per_second for p, r in runs.items()},
-                             "oracle_vs_plain": runs["oracle"].tokens_per_second / runs["plain"].tokens_per_second,
-                             "lookup_vs_plain": runs["lookup"].tokens_per_second / runs["plain"].tokens_per_second,
-                             "flat_oracle_vs_plain": flat["oracle"] / flat["plain"],
+                prices = CallPrices(n, plain, ragged)
+                policies = {"plain": plain_policy, "oracle": oracle_policy, "lookup": lookup_policy(args.k),
+                            "plan": plan_policy(args.plan_k, prices.plain, prices.ragged, DRAFT_MARGIN)}
+                runs = {name: replay(traces, n, policy, prices.step, name=name) for name, policy in policies.items()}
+                flat = {name: replay(traces, n, policies[name], lambda fed: 1.0, name=name).tokens_per_second
+                        for name in ("plain", "lookup")}
+                base = runs["plain"].tokens_per_second
+                rows.append({"lanes": n, "batched_call_s": plain if plain is not None else ragged[n],
+                             "ragged_call_s": ragged, **{f"{p}_tok_s": r.tokens_per_second for p, r in runs.items()},
+                             **{f"{p}_vs_plain": runs[p].tokens_per_second / base for p in ("oracle", "lookup", "plan")},
                              "flat_lookup_vs_plain": flat["lookup"] / flat["plain"],
                              "replays": [asdict(r) for r in runs.values()]})
         finally:
@@ -214,13 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     for t in traces:
         print(f"  {t.prompt_id:>10} ({t.group}): {len(t.accepted)} iterations, "
               f"{sum(t.drafted)} drafted, {sum(t.accepted)} accepted of {t.new_tokens} tokens")
-    print("| lanes | batched call ms | plain tok/s | oracle tok/s | lookup tok/s | oracle / plain | lookup / plain "
+    print(f"| lanes | batched call ms | plain tok/s | oracle / plain | lookup / plain | plan (K {args.plan_k}) / plain "
           "| flat step: lookup / plain |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {row['lanes']} | {row['batched_call_s'] * 1e3:.1f} | {row['plain_tok_s']:.1f} | "
-              f"{row['oracle_tok_s']:.1f} | {row['lookup_tok_s']:.1f} | {row['oracle_vs_plain']:.2f}x | "
-              f"{row['lookup_vs_plain']:.2f}x | {row['flat_lookup_vs_plain']:.2f}x |")
+              f"{row['oracle_vs_plain']:.2f}x | {row['lookup_vs_plain']:.2f}x | {row['plan_vs_plain']:.2f}x | "
+              f"{row['flat_lookup_vs_plain']:.2f}x |")
     for row in rows:
         print(f"  ragged call ms by tokens at {row['lanes']} lanes: "
               + ", ".join(f"{n}: {s * 1e3:.1f}" for n, s in sorted(row["ragged_call_s"].items())))
