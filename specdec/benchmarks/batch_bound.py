@@ -263,13 +263,17 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         lanes = sorted({int(n) for n in args.lanes.split(",")})
-        engine = Engine.load(args.artifact, provider="cpu", threads=args.threads, shared_threads=True)  # as serve runs it
+        # one shared thread pool, as `specdec serve` loads a batching engine
+        engine = Engine.load(args.artifact, provider="cpu", threads=args.threads, shared_threads=True)
         started = time.time()
-        traces = record_traces(engine, load_prompts(args.prompts), args.k, args.max_new_tokens)
+        prompts = load_prompts(args.prompts)
+        print(f"recording {len(prompts)} prompts alone with prompt lookup at K {args.k}", file=sys.stderr)
+        traces = record_traces(engine, prompts, args.k, args.max_new_tokens)
         batch = BatchEngine(engine, max_batch=max(lanes))
         try:
             rows = []
             for n in lanes:
+                print(f"timing the calls of {n} lanes, replaying", file=sys.stderr)
                 plain, ragged = time_steps(batch, n, max_tokens=n * (args.k + 1), repeats=args.repeats)
                 prices = CallPrices(n, plain, ragged)
                 policies = {"plain": plain_policy, "oracle": oracle_policy, "lookup": lookup_policy(args.k),
@@ -280,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                 base = runs["plain"].tokens_per_second
                 rows.append({"lanes": n, "batched_call_s": plain if plain is not None else ragged[n],
                              "ragged_call_s": ragged, **{f"{p}_tok_s": r.tokens_per_second for p, r in runs.items()},
-                             **{f"{p}_vs_plain": runs[p].tokens_per_second / base for p in ("oracle", "lookup", "plan")},
+                             **{f"{p}_vs_plain": runs[p].tokens_per_second / base
+                                for p in ("oracle", "lookup", "plan")},
                              "flat_lookup_vs_plain": flat["lookup"] / flat["plain"],
                              "replays": [asdict(r) for r in runs.values()]})
         finally:
@@ -288,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecdecError, OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    report = {"cpu": cpu_model() or "unknown CPU", "threads": args.threads, "artifact": str(args.artifact), "k": args.k,
-              "seconds": time.time() - started, "traces": [asdict(t) for t in traces], "lanes": rows}
+    report = {"cpu": cpu_model() or "unknown CPU", "threads": args.threads, "artifact": str(args.artifact),
+              "k": args.k, "plan_k": args.plan_k, "seconds": time.time() - started,
+              "traces": [asdict(t) for t in traces], "lanes": rows}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
