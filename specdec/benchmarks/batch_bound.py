@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from specdec.runtime.calibration import cpu_model
+from specdec.runtime.machine import cpu_model
 from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.prompts import PromptCase, load_prompts
 

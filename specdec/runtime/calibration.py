@@ -23,6 +23,7 @@ from pathlib import Path
 
 from specdec.models.manifest import is_call_cost_table
 from specdec.runtime.call_costs import non_decreasing, relative_costs_from_step_times
+from specdec.runtime.machine import cpu_model
 from specdec.runtime.providers import ort
 from specdec.runtime.session import ModelSession
 
@@ -101,18 +102,6 @@ def cache_dir() -> Path | None:
     root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "specdec")
     return Path(root) / "call-costs"
-
-
-def cpu_model() -> str:
-    """Return the CPU's model name (Linux /proc/cpuinfo), else the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def cache_key(graph_digest: str, device: str, threads: int | None, runtime_version: str) -> str:
