@@ -363,15 +363,19 @@ class BatchEngine:
                     self._waiting.remove(request)
                     request.out.put(_END)
             # Every request a slot takes now is prefilled in one ragged-rows call (a burst of arrivals waits
-            # for one call, not one after another); but a prompt that starts like one already in the group
-            # waits for that one's prefill, then copies the prefix it computed (a shared system prompt).
+            # for one call, not one after another); but a prompt that starts like one already in the group, for
+            # MIN_PREFIX tokens more than some slot holds already, waits for that one's prefill, then copies the
+            # prefix it computed (a document many requests start with). A chat template's system prompt that a
+            # slot holds is copied now: waiting for it would prefill every chat arrival alone.
             group: list[_Request] = []
             while (request := self._admissible()) is not None:
                 prompt = request.opened.state.request.prompt_ids
-                if self.prefix_cache and any(common_prefix(r.opened.state.request.prompt_ids, prompt) >= MIN_PREFIX
-                                             for r in group):
-                    self._prefill_all(group)
-                    group = []
+                if self.prefix_cache and group:
+                    held = self.arena.cached_prefix(prompt)
+                    if any(common_prefix(r.opened.state.request.prompt_ids, prompt) >= held + MIN_PREFIX
+                           for r in group):
+                        self._prefill_all(group)
+                        group = []
                 request.cache = self.arena.take(prompt if self.prefix_cache else None)
                 self.prefix_tokens_reused += request.cache.length
                 group.append(request)

@@ -487,6 +487,24 @@ def test_in_a_burst_a_prompt_that_starts_like_another_waits_to_copy_its_prefix(e
     assert batch.prefix_tokens_reused >= len(document)
 
 
+def test_in_a_burst_prompts_whose_shared_head_a_slot_holds_are_prefilled_together(engine):
+    """A head every prompt starts with (a chat template's system prompt) that a slot holds already is copied at
+    once: the burst still shares one prefill call instead of each prompt waiting for the one before it."""
+    head = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four, five, six, seven")
+    prompts = [head + engine.prompt_ids(tail) for tail in (" and then?", " or else?", " zz top")]
+    config = GenerationConfig(max_new_tokens=12, drafter="none")
+    reference = [engine.generate(p, config).token_ids for p in prompts]
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=128, prefix_cache=True)
+    try:
+        batch.generate(head + engine.prompt_ids(" first"), config)  # its slot keeps the head when it ends
+        results = _burst(batch, prompts, [config] * 3)
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference
+    assert batch.ragged_prefills == 1  # all three in one call
+    assert batch.arena.prefix_copies == 2 and batch.prefix_tokens_reused >= 3 * len(head)
+
+
 def test_a_free_slots_row_takes_no_token_and_attends_over_nothing_unless_it_keeps_a_prefix(engine, monkeypatch):
     """A ragged call's rows for free slots feed no token (no MatMul row); without the prefix cache their
     attention's throwaway row goes to position 0 (over nothing), with it past the prefix the slot keeps."""
