@@ -18,8 +18,8 @@ import numpy as np
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
 from specdec.cli.options import json_option, max_new_tokens_option, provider_option, threads_option
-from specdec.runtime.machine import cpu_model
 from specdec.runtime.config import MAX_DRAFT_TOKENS
+from specdec.runtime.machine import cpu_model
 
 GENAI_PREFILL_SAMPLES = 3  # extra prefills per genai worker run: TTFT is a median, as specdec's (3 runs per repeat)
 PAIRED_PREFILL_ROUNDS = 8  # per prompt: one specdec and one genai prefill back to back (order alternating)
