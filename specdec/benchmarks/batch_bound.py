@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdec.runtime.machine import cpu_model
-from specdec.runtime.config import MAX_DRAFT_TOKENS
+from specdec.runtime.batch_plan import DraftCandidate, DraftRecord, choose_draft_lengths_ragged
 from specdec.runtime.prompts import PromptCase, load_prompts
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
@@ -80,23 +80,12 @@ class Lane:
     trace: int
     iteration: int = 0
     consumed: int = 0  # tokens of the current iteration committed so far (its accepted drafts, then one more)
-    # per draft position j: iterations of this request that tested the j-th draft, and that accepted it
-    tested: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
-    passed: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
+    record: DraftRecord = field(default_factory=DraftRecord)  # the request's own, as the batch engine keeps it
 
     def left(self, trace: Trace) -> tuple[int, int]:
         """Return (drafts lookup proposes now, how many of them the target accepts) in the current iteration."""
         return (max(trace.drafted[self.iteration] - self.consumed, 0),
                 max(trace.accepted[self.iteration] - self.consumed, 0))
-
-    def kept(self, k: int) -> tuple[float, ...]:
-        """Return the chance of each of k drafts being accepted as the batch engine's plan estimates it from the
-        request's own record (BatchEngine's _Request.kept: per position, Laplace, multiplied along)."""
-        chances, running = [], 1.0
-        for j in range(min(k, MAX_DRAFT_TOKENS)):
-            running *= (self.passed[j] + 1) / (self.tested[j] + 2)
-            chances.append(running)
-        return tuple(chances)
 
 
 # A policy: the K of every lane this step, from the lanes and the traces.
@@ -122,12 +111,11 @@ def plan_policy(k: int, batch_seconds: Callable[[int], float], ragged_seconds: C
                 margin: float) -> Policy:
     """Return the batch engine's plan (batch_plan.choose_draft_lengths_ragged over each request's own record) for
     lookups of up to k drafts, priced by these call costs."""
-    from specdec.runtime.batch_plan import DraftCandidate, choose_draft_lengths_ragged
 
     def choose(lanes: list[Lane], traces: list[Trace]) -> list[int]:
         found = [min(lane.left(traces[lane.trace])[0], k) for lane in lanes]
         asking = [i for i, n in enumerate(found) if n]
-        candidates = [DraftCandidate(found[i], 0.5, kept=lanes[i].kept(found[i])) for i in asking]
+        candidates = [DraftCandidate(found[i], 0.5, kept=lanes[i].record.kept(found[i])) for i in asking]
         ks = [0] * len(lanes)
         if candidates:
             chosen = choose_draft_lengths_ragged(candidates, len(lanes) - len(candidates), batch_seconds,
@@ -161,9 +149,7 @@ def replay(traces: list[Trace], lanes: int, policy: Policy, step_seconds: Callab
             if k > proposed:
                 raise ValueError(f"policy {name!r} drafted {k} where lookup proposes {proposed}")
             kept = min(k, accepted)
-            for position in range(min(k, kept + 1, MAX_DRAFT_TOKENS)):
-                lane.tested[position] += 1
-                lane.passed[position] += position < kept
+            lane.record.observe(k, kept)
             lane.consumed += kept + 1
             tokens += kept + 1
             if lane.consumed > trace.accepted[lane.iteration]:  # the iteration's last token is committed

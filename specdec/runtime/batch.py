@@ -30,10 +30,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from specdec.models.errors import GenerationError
-from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, choose_draft_lengths_ragged,
+from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, DraftRecord, choose_draft_lengths_ragged,
                                         choose_speculating)
 from specdec.runtime.combined import CombinedDrafter
-from specdec.runtime.config import MAX_DRAFT_TOKENS, GenerationConfig
+from specdec.runtime.config import GenerationConfig
 from specdec.runtime.drafters import Drafter, ModelDrafter, Proposal
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
 from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
@@ -69,24 +69,7 @@ class _Request:
     counters: _Counters = field(default_factory=_Counters)
     passed_over: int = 0  # times a request behind it was admitted first (the prefix cache's choice)
     on_start: Callable[[], None] | None = None  # called when it takes a slot
-    # per draft position j (index j - 1): iterations that tested the j-th draft, and that accepted it
-    tested: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
-    passed: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
-
-    def observe(self, iteration: Iteration) -> None:
-        """Count which of the iteration's drafts were tested (all before accepted) and which passed."""
-        for j in range(min(len(iteration.drafted), iteration.num_accepted + 1, MAX_DRAFT_TOKENS)):
-            self.tested[j] += 1
-            self.passed[j] += j < iteration.num_accepted
-
-    def kept(self, k: int) -> tuple[float, ...]:
-        """Return the chance that each of k drafts is accepted, all before it too: measured per position
-        (Laplace: 0.5 untested), multiplied along."""
-        chances, running = [], 1.0
-        for j in range(min(k, MAX_DRAFT_TOKENS)):
-            running *= (self.passed[j] + 1) / (self.tested[j] + 2)
-            chances.append(running)
-        return tuple(chances)
+    record: DraftRecord = field(default_factory=DraftRecord)  # its drafts' outcomes, for the batch plan
 
 
 def _candidate(opened: OpenRequest, situation: str | None, k: int) -> DraftCandidate:
@@ -627,7 +610,9 @@ class BatchEngine:
                     # Its draft model would first read all it has not seen (a prefill's cost, every row waiting).
                     ks[i] = 0
                     continue
-                candidates.append(replace(candidate, kept=request.kept(k)) if candidate.adjustable else candidate)
+                if candidate.adjustable:
+                    candidate = replace(candidate, kept=request.record.kept(k))
+                candidates.append(candidate)
                 where.append(i)
         if not candidates:
             return ks
@@ -655,7 +640,7 @@ class BatchEngine:
 
     def _deliver(self, request: _Request, iteration: Iteration) -> None:
         if iteration.drafted:
-            request.observe(iteration)
+            request.record.observe(len(iteration.drafted), iteration.num_accepted)
         if iteration.finished:
             self._release(request)  # first: the consumer reads the counters once it has the last iteration
         request.out.put(iteration)

@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.theory import expected_tokens_per_iteration
 
 
@@ -39,6 +40,30 @@ class DraftCandidate:
     def chance(self, j: int) -> float:
         """Return the chance that the j-th draft (1-based) is accepted: measured where known, else alpha^j."""
         return self.kept[j - 1] if j <= len(self.kept) else self.alpha ** j
+
+
+@dataclass
+class DraftRecord:
+    """A request's own record of its drafts: per draft position j (index j - 1), the iterations that tested the
+    j-th draft (all before it accepted) and those that accepted it."""
+
+    tested: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
+    passed: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Count one iteration that verified `drafted` drafts, the first `accepted` of them accepted."""
+        for j in range(min(drafted, accepted + 1, MAX_DRAFT_TOKENS)):
+            self.tested[j] += 1
+            self.passed[j] += j < accepted
+
+    def kept(self, k: int) -> tuple[float, ...]:
+        """Return the chance that each of k drafts is accepted, all before it too: measured per position
+        (Laplace: 0.5 untested), multiplied along."""
+        chances, running = [], 1.0
+        for j in range(min(k, MAX_DRAFT_TOKENS)):
+            running *= (self.passed[j] + 1) / (self.tested[j] + 2)
+            chances.append(running)
+        return tuple(chances)
 
 
 def choose_speculating(candidates: list[DraftCandidate], plain_rows: int, batch_seconds: Callable[[int], float],
