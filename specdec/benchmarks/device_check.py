@@ -15,7 +15,12 @@ machine where specdec's exporter cannot be installed. Per artifact it checks tha
   (device_proofs.logit_bound), with TF32 off for fp32 graphs;
 - greedy speculative output equals greedy target-only output on that provider, token for
   token, for each drafter the artifact has, at K=4 and `auto` (a difference is allowed only
-  at a near-tie: top two logits within twice the logit bound).
+  at a near-tie: top two logits within twice the logit bound);
+- the batch engine on that provider (KV slots in one device buffer per tensor, bound by
+  address): the slots live on the device, every prompt with every drafter submitted at once
+  gives its target-only greedy text (same near-tie rule: were a call's outputs not written into
+  the bound slots, the texts would part), and the batched and ragged-rows calls are timed by
+  rows (an artifact that cannot batch is reported).
 With `--reference cpu` it also reports where the provider's greedy text first parts from
 the CPU's. It prints one JSON report and exits 1 if any check failed.
 """
@@ -65,6 +70,7 @@ class ArtifactCheck:
     runs: list[dict] = field(default_factory=list)  # one per prompt and configuration
     throughput: dict = field(default_factory=dict)  # drafter/K -> mean decode tokens/s over the prompts
     reference_mismatches: list[dict] = field(default_factory=list)
+    batch: dict = field(default_factory=dict)  # the batch engine's run (check_batch)
     seconds: dict = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
@@ -212,7 +218,65 @@ def check_artifact(artifact: Path, provider: str, max_new_tokens: int = 32, refe
                 check.reference_mismatches.append({"prompt": prompt[:40], **mismatch})
     check.throughput = throughput(check.runs)
     check.seconds["generate"] = round(time.perf_counter() - start, 2)
+    start = time.perf_counter()
+    targets = {prompt: _run(engine, prompt, max_new_tokens, "none", None)[0] for prompt in prompts}
+    check_batch(check, engine, targets, drafters, max_new_tokens)
+    check.seconds["batch"] = round(time.perf_counter() - start, 2)
     return check
+
+
+def check_batch(check: ArtifactCheck, engine: Engine, targets: dict[str, list[int]], drafters: list[str],
+                max_new_tokens: int) -> None:
+    """Add the batch engine's run on the engine's provider to `check` (and its failures): every prompt of
+    `targets` (prompt -> its target-only greedy ids) with every drafter and target-only, submitted at once."""
+    from specdec.models.errors import GenerationError
+    from specdec.runtime.batch import BatchEngine
+
+    rows = engine.target.spec.ragged_rows or 4
+    try:
+        batch = BatchEngine(engine, max_batch=rows, kv_capacity=512)
+    except GenerationError as err:
+        check.batch = {"skipped": str(err)}
+        return
+    try:
+        jobs = [(prompt, drafter) for prompt in targets for drafter in ["none"] + drafters]
+        start = time.perf_counter()
+        streams = [batch.stream(prompt, GenerationConfig(max_new_tokens=max_new_tokens, drafter=drafter,
+                                                         num_draft_tokens=4 if drafter != "none" else None))
+                   for prompt, drafter in jobs]
+        results = [_drained(stream) for stream in streams]
+        seconds = time.perf_counter() - start
+        tokens = sum(len(r.token_ids) for r in results)
+        check.batch = {
+            "kv_device": batch.arena.buffers[0].device_name().lower(), "slots": rows,
+            "requests": len(jobs), "tokens_per_second": round(tokens / seconds, 2),
+            "ragged_calls": batch.ragged_calls, "draft_ragged_calls": batch.draft_ragged_calls,
+            "batched_call_ms": {n: round(t * 1e3, 3) for n, t in batch.time_batch_calls().items()},
+            "ragged_call_ms": {n: round(t * 1e3, 3) for n, t in batch.ragged_costs.table().items()},
+            "mismatches": [],
+        }
+        for (prompt, drafter), result in zip(jobs, results):
+            mismatch = first_mismatch(engine, engine.prompt_ids(prompt), targets[prompt], result.token_ids)
+            if mismatch is None:
+                continue
+            tie = near_tie_bound(engine, engine.prompt_ids(prompt) + targets[prompt][:mismatch["position"]])
+            check.batch["mismatches"].append({"prompt": prompt[:40], "drafter": drafter, **mismatch,
+                                              "near_tie_bound": tie})
+            if mismatch["top2_logit_gap"] > tie:
+                check.failures.append(f"batched greedy {drafter} differs from target-only on {prompt[:30]!r} at "
+                                      f"token {mismatch['position']}, not a near-tie")
+        wanted = KV_DEVICE.get(engine.target.device, "")
+        if check.batch["kv_device"] != wanted:
+            check.failures.append(f"batch engine KV slots are on {check.batch['kv_device']}, not {wanted}")
+    finally:
+        batch.shutdown()
+
+
+def _drained(stream):
+    """Return a stream's GenerationResult once every piece is read."""
+    for _ in stream:
+        pass
+    return stream.result
 
 
 def near_tie_bound(engine: Engine, context: list[int]) -> float:

@@ -192,9 +192,9 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         optimization["half_precision"] = convert_graph_to_fp16(folder / layout.files[0])
         layout = reread_kv_dtype_and_files(folder / layout.files[0], layout)
     ragged_file = None
-    # fp32 or int4 weights (MatMulNBits' rows are independent of the call's rows, docs/INT4.md; int8's not
-    # measured), fp32 compute: the batch engine runs on the CPU
-    if config.batch_rows and shared and config.dtype == "fp32" and config.weights in (None, "int4"):
+    # fp32, fp16 (the CUDA provider's) or int4 weights (MatMulNBits' rows are independent of the call's rows,
+    # docs/INT4.md; int8's not measured); validated bit-equal to batch-1 calls below
+    if config.batch_rows and shared and config.weights in (None, "int4"):
         try:
             ragged_path, layers = write_ragged_graph(folder / layout.files[0], config.batch_rows, SEQLENS_NAME)
         except ValueError as err:

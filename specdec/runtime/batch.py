@@ -142,7 +142,7 @@ class BatchEngine:
         # has one of max_batch rows), and a prompt reuses the draft's prefix too.
         draft = engine.draft
         self.draft_arena = (SlotArena(draft, max_batch, kv_capacity, keep_prefixes=prefix_cache)
-                            if draft is not None and draft.shared_kv and draft.device == "cpu" and draft.batches
+                            if draft is not None and draft.shared_kv and draft.batches
                             else None)
         self.draft_ragged_calls = 0  # rounds of draft calls that shared one ragged-rows call
         self.batch_costs = BatchCallCosts()

@@ -110,6 +110,33 @@ class DeviceInputs:
         binding.bind_ortvalue_input(name, value)
 
 
+@dataclass(frozen=True)
+class KVView:
+    """Part of a larger KV buffer, by address: the rows a batch engine's slot or batched call binds.
+
+    onnxruntime's Python API cannot make an OrtValue over part of a device buffer, but an
+    IOBinding takes a bare address (bind_input / bind_output with buffer_ptr), on the CPU and
+    on CUDA alike. Offers the two OrtValue methods the cache and the device check read.
+    """
+
+    device: str  # onnxruntime's device name: "cpu", "cuda"
+    dtype: np.dtype
+    dims: tuple[int, ...]  # [rows, kv_heads, capacity, head_dim]
+    address: int
+
+    def shape(self) -> list[int]:
+        """Return the view's shape (as OrtValue.shape does)."""
+        return list(self.dims)
+
+    def data_ptr(self) -> int:
+        """Return the view's first byte's address (as OrtValue.data_ptr does)."""
+        return self.address
+
+    def device_name(self) -> str:
+        """Return the device the view's memory is on (as OrtValue.device_name does)."""
+        return self.device
+
+
 @dataclass
 class KVCache:
     """Past keys/values of one model for one request.
@@ -123,7 +150,7 @@ class KVCache:
     positions encode, so a drafter can find how much of its cache is still valid.
     """
 
-    tensors: list[ort.OrtValue]
+    tensors: list[ort.OrtValue] | list[KVView]  # views: a batch engine's slot (specdec/runtime/slots.py)
     slicer: KVSlicer | None  # None: shared buffers, rollback moves the length only
     device: str = "cpu"  # where grown buffers go
     max_positions: int = 0  # the model's limit, which a shared buffer never grows past (0: no limit)

@@ -13,7 +13,7 @@ from specdec.models.errors import GenerationError
 from specdec.models.manifest import GraphSpec
 from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.greedy_head import MAX_ROWS as GREEDY_HEAD_MAX_ROWS, GreedyHead
-from specdec.runtime.kv_cache import BufferPool, KVCache, KVSlicer
+from specdec.runtime.kv_cache import BufferPool, KVCache, KVSlicer, KVView
 from specdec.runtime.providers import create_session, ort
 
 
@@ -55,13 +55,18 @@ class CallBinding:
         self._outputs: dict[tuple[str, tuple[int, ...]], ort.OrtValue] = {}
         self._output_index: dict[str, int] = {}
 
-    def bind_cache(self, past_names: list[str], present_names: list[str], tensors: list[ort.OrtValue]) -> None:
+    def bind_cache(self, past_names: list[str], present_names: list[str],
+                   tensors: list[ort.OrtValue] | list[KVView]) -> None:
         """Bind `tensors` as both past inputs and present outputs (in place), unless they are bound already."""
         if self._bound_kv is tensors:
             return
         for past, present, value in zip(past_names, present_names, tensors):
-            self.io.bind_ortvalue_input(past, value)
-            self.io.bind_ortvalue_output(present, value)
+            if isinstance(value, KVView):
+                self.io.bind_input(past, value.device, 0, value.dtype, value.dims, value.address)
+                self.io.bind_output(present, value.device, 0, value.dtype, value.dims, value.address)
+            else:
+                self.io.bind_ortvalue_input(past, value)
+                self.io.bind_ortvalue_output(present, value)
             self._order(present)
         self._bound_kv = tensors
 
@@ -155,7 +160,7 @@ class ModelSession:
         folder = Path(artifact_dir)
         self.spec = spec
         self.session, self.device = create_session(str(folder / spec.graph_file), provider, threads, spin)
-        self._ragged_source = (folder / spec.ragged_file, provider, threads, spin) if spec.ragged_file else None
+        self._ragged_source = (folder / spec.ragged_file, threads, spin) if spec.ragged_file else None
         self._ragged: ort.InferenceSession | None = None
         self._ragged_buffers: dict[str, np.ndarray] = {}  # forward_ragged's outputs, one buffer each
         self._ragged_hidden: bool | None = None  # whether the ragged graph returns hidden rows, once looked up
@@ -199,10 +204,10 @@ class ModelSession:
 
     def ragged_session(self) -> ort.InferenceSession | None:
         """Return the session of the graph's ragged-rows form (loaded on first use: it holds its own copy of the
-        weights), or None when the artifact has none or this session is not on the CPU."""
-        if self._ragged is None and self._ragged_source is not None and self.device == "cpu":
-            path, provider, threads, spin = self._ragged_source
-            self._ragged, _ = create_session(str(path), provider, threads, spin)
+        weights), or None when the artifact has none. It runs where this session does."""
+        if self._ragged is None and self._ragged_source is not None:
+            path, threads, spin = self._ragged_source
+            self._ragged, _ = create_session(str(path), self.device, threads, spin)
         return self._ragged
 
     @property
@@ -287,12 +292,14 @@ class ModelSession:
         return (logits, states) if hidden else logits
 
     def _bind_ragged_output(self, io: ort.IOBinding, name: str, rows: int, width: int) -> np.ndarray:
-        """Bind output `name` [1, rows, width] to the first rows of one float32 buffer kept for every call's
-        shape (onnxruntime writes into it); return that view."""
+        """Bind output `name` [1, rows, width] to the first rows of one host buffer of the graph's output type,
+        kept for every call's shape (onnxruntime writes into it, from the device where the session runs there);
+        return that view."""
+        dtype = np.dtype(self._outputs.get(name, (np.float32,))[0])
         buffer = self._ragged_buffers.get(name)
-        if buffer is None or buffer.shape[0] < rows or buffer.shape[1] != width:
-            buffer = self._ragged_buffers[name] = np.empty((max(rows, 64), width), dtype=np.float32)
-        io.bind_output(name, "cpu", 0, np.float32, [1, rows, width], buffer.ctypes.data)
+        if buffer is None or buffer.shape[0] < rows or buffer.shape[1] != width or buffer.dtype != dtype:
+            buffer = self._ragged_buffers[name] = np.empty((max(rows, 64), width), dtype=dtype)
+        io.bind_output(name, "cpu", 0, dtype, [1, rows, width], buffer.ctypes.data)
         return buffer[:rows]
 
     def new_cache(self, capacity: int | None = None) -> KVCache:

@@ -1,12 +1,13 @@
 """KV slots for the batch engine: one preallocated [slots, kv_heads, capacity, head_dim] buffer per tensor.
 
-Row s of every buffer is slot s. A request's cache is a KVCache over views of its row, so a
-prefill and a verify call are today's batch-1 calls, written in place; a batched decode call
-binds rows 0..n-1 of the same buffers (one contiguous prefix: batch is the outermost axis).
-Nothing is copied per step, a rollback is still only a shorter length, and a finished
-request's slot goes to the next one. The lowest free slot is taken first, so the rows a
-batched call spans stay few. CPU only: onnxruntime's Python API cannot view part of a CUDA
-buffer.
+Row s of every buffer is slot s. A request's cache is a KVCache over views of its row (KVView: an
+address, which an IOBinding takes on the CPU and on CUDA alike), so a prefill and a verify call are
+today's batch-1 calls, written in place; a batched decode call binds rows 0..n-1 of the same buffers
+(one contiguous prefix: batch is the outermost axis). Nothing is copied per step, a rollback is
+still only a shorter length, and a finished request's slot goes to the next one. The lowest free
+slot is taken first, so the rows a batched call spans stay few. The buffers live where the session
+runs; a prompt's prefix is copied from another slot only on the CPU (onnxruntime's Python API has
+no device-to-device copy of part of a buffer), while a slot's own kept prefix is reused anywhere.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import threading
 import numpy as np
 
 from specdec.models.errors import GenerationError
-from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.kv_cache import KVCache, KVView
 from specdec.runtime.providers import ort
 from specdec.runtime.session import CallBinding, ModelSession
 
+HOST_DEVICES = ("cpu",)  # where the arena's buffers are numpy arrays (prefix copies between slots need them)
 MIN_PREFIX = 16  # prompt tokens a cached prefix must cover to be reused (fewer: a prefill of them costs ~nothing)
 
 
@@ -45,7 +47,7 @@ class SlotCache(KVCache):
 
 
 class SlotArena:
-    """`slots` KV slots of `capacity` positions for one shared-buffer model session (CPU)."""
+    """`slots` KV slots of `capacity` positions for one shared-buffer model session, on its device."""
 
     def __init__(self, session: ModelSession, slots: int, capacity: int, keep_prefixes: bool = False):
         if not session.shared_kv:
@@ -62,8 +64,6 @@ class SlotArena:
                 "this artifact's target graph runs one sequence per call (exported before the batch engine, or "
                 "int4 before its ragged-rows graph): re-export it with `specdec export` to serve several requests "
                 "in one call")
-        if session.device != "cpu":
-            raise GenerationError("the batch engine runs on the CPU provider only for now (use --provider cpu)")
         self.session = session
         self.slots = slots
         # A free slot keeps its last request's KV for the prefix cache; else its row attends over nothing.
@@ -73,10 +73,25 @@ class SlotArena:
         self.capacity = min(capacity, spec.max_positions)
         self.parked_position = self.capacity - 1
         shape = (slots, spec.num_kv_heads, self.capacity, spec.head_dim)
-        self.buffers = [np.zeros(shape, dtype=np.dtype(spec.kv_dtype)) for _ in range(2 * spec.num_layers)]
-        # On the CPU an OrtValue over a contiguous numpy view shares its memory: the graph writes the arena.
-        self._caches = [SlotCache(tensors=[ort.OrtValue.ortvalue_from_numpy(b[s:s + 1]) for b in self.buffers],
-                                  slicer=None, device="cpu", max_positions=self.parked_position)
+        dtype = np.dtype(spec.kv_dtype)
+        device = session.device
+        if device in HOST_DEVICES:  # numpy arrays, which the OrtValues share and the prefix copies write
+            self.host_buffers: list[np.ndarray] | None = [np.zeros(shape, dtype) for _ in range(2 * spec.num_layers)]
+            self.buffers = [ort.OrtValue.ortvalue_from_numpy(b) for b in self.host_buffers]
+        else:  # onnxruntime's memory on the device, zeroed by one copy from the host (no device memset)
+            self.host_buffers = None
+            self.buffers = [ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, device, 0)
+                            for _ in range(2 * spec.num_layers)]
+            zeros = np.zeros(shape, dtype)
+            for buffer in self.buffers:
+                buffer.update_inplace(zeros)
+        row_bytes = dtype.itemsize * int(np.prod(shape[1:]))
+
+        def views(first: int, rows: int) -> list[KVView]:
+            return [KVView(device, dtype, (rows,) + shape[1:], b.data_ptr() + first * row_bytes) for b in self.buffers]
+
+        self._views = views
+        self._caches = [SlotCache(tensors=views(s, 1), slicer=None, device=device, max_positions=self.parked_position)
                         for s in range(slots)]
         for slot, cache in enumerate(self._caches):
             cache.slot = slot
@@ -90,7 +105,12 @@ class SlotArena:
     @property
     def nbytes(self) -> int:
         """Return the bytes the arena holds (allocated once, at start)."""
-        return sum(b.nbytes for b in self.buffers)
+        return sum(b.tensor_size_in_bytes() for b in self.buffers)
+
+    @property
+    def copies_prefixes(self) -> bool:
+        """Return whether a prompt's prefix can be copied from another slot's KV (host memory: the CPU)."""
+        return self.host_buffers is not None
 
     @property
     def used(self) -> int:
@@ -105,9 +125,10 @@ class SlotArena:
         return sum(c.length for s, c in enumerate(self._caches) if s not in free)
 
     def cached_prefix(self, prompt_ids: list[int], min_prefix: int = MIN_PREFIX) -> int:
-        """Return the longest prefix of `prompt_ids` that any slot's KV holds (0 below `min_prefix`)."""
+        """Return the longest prefix of `prompt_ids` that a slot's KV holds and `take` can give it: any slot's
+        where prefixes are copied, else a free slot's (0 below `min_prefix`)."""
         with self._lock:
-            _, shared = self._longest_prefix(prompt_ids, range(self.slots))
+            _, shared = self._longest_prefix(prompt_ids, range(self.slots) if self.copies_prefixes else self._free)
         return shared if shared >= min_prefix else 0
 
     def _longest_prefix(self, prompt_ids: list[int], slots) -> tuple[int | None, int]:
@@ -136,7 +157,7 @@ class SlotArena:
                 return None
             best, shared = self._longest_prefix(prompt_ids, sorted(self._free)) if prompt_ids else (None, 0)
             source, copied = (self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s not in self._free])
-                              if prompt_ids else (None, 0))
+                              if prompt_ids and self.copies_prefixes else (None, 0))
             empty = [s for s in self._free if not self._caches[s].kept_ids]
             # Reusing under half the prompt (a shared system prompt) would cut a longer cached context short:
             # an empty slot costs only those few tokens' prefill (or their copy).
@@ -158,7 +179,7 @@ class SlotArena:
 
     def _copy_prefix(self, source: int, slot: int, positions: int) -> int:
         """Copy the first `positions` of every KV buffer from slot `source` to slot `slot`; return `positions`."""
-        for buffer in self.buffers:
+        for buffer in self.host_buffers:
             buffer[slot, :, :positions] = buffer[source, :, :positions]
         self.prefix_copies += 1
         return positions
@@ -182,7 +203,7 @@ class SlotArena:
         cache = self._caches[slot]
         shared = min(common_prefix(cache.kept_ids, prompt_ids), len(prompt_ids) - 1)
         cache.kept_ids = ()
-        if self.keep_prefixes:
+        if self.keep_prefixes and self.copies_prefixes:
             with self._lock:
                 source, copied = self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s != slot])
             if source is not None and copied >= shared + min_prefix:
@@ -214,8 +235,7 @@ class SlotArena:
         if call is None:
             session = self.session
             call = self._prefix_bindings[key] = CallBinding(session.session.io_binding())
-            tensors = [ort.OrtValue.ortvalue_from_numpy(b[:rows]) for b in self.buffers]
-            call.bind_cache(session._past_names, session._present_names, tensors)
+            call.bind_cache(session._past_names, session._present_names, self._views(0, rows))
         return call
 
     @property

@@ -67,16 +67,17 @@ class ServerState:
     def _start_batching(self, engine: Engine) -> None:
         if self.config.max_batch <= 1:
             return
-        if engine.target.device != "cpu":  # an edge GPU box serves with the defaults: it must not fail to start
-            log.warning("the batch engine runs on the CPU only for now: on %s each of up to %d requests runs its "
-                        "own generation", engine.target.device, self.config.running_limit)
-            return
-        self.batch = BatchEngine(engine, self.config.max_batch, self.config.kv_capacity,
-                                 on_step=self.metrics.observe_batch, prefix_cache=self.config.prefix_cache)
+        if engine.target.device == "cpu":
+            batch = self._batch_engine(engine)
+            times = batch.time_batch_calls()
+        else:
+            batch, times = self._device_batch(engine)
+            if batch is None:
+                return
+        self.batch = batch
         # The queue is the engine's own (before any request: /v1 answers 503 until the engine is loaded), so
         # that it admits from all of it: with the prefix cache, the request a freed slot holds most of.
         self.admission = Admission(self.config.max_batch + self.config.max_queue, 0, serving=self.config.max_batch)
-        times = self.batch.time_batch_calls()
         log.info("batch engine: %d KV slots x %d positions, %.0f MB; batched call ms by rows: %s", self.batch.max_batch,
                  self.batch.arena.capacity, self.batch.arena.nbytes / 2 ** 20,
                  ", ".join(f"{rows}: {seconds * 1e3:.1f}" for rows, seconds in times.items()))
@@ -93,6 +94,25 @@ class ServerState:
             log.info("each speculating request is verified in a call of its own (%s)",
                      f"the artifact's ragged-rows graph has {rows} rows: --max-batch {rows} uses it" if rows
                      else "the artifact has no ragged-rows graph: re-export with --batch-rows")
+
+    def _batch_engine(self, engine: Engine) -> BatchEngine:
+        return BatchEngine(engine, self.config.max_batch, self.config.kv_capacity,
+                           on_step=self.metrics.observe_batch, prefix_cache=self.config.prefix_cache)
+
+    def _device_batch(self, engine: Engine) -> tuple[BatchEngine | None, dict[int, float]]:
+        """Return (the batch engine on a GPU session, its batched calls' seconds by rows), or (None, {}) logged
+        where making or timing it fails: it has not run on a GPU yet (docs/GPU.md), and an edge box that serves
+        with the defaults must start."""
+        batch = None
+        try:
+            batch = self._batch_engine(engine)
+            return batch, batch.time_batch_calls()
+        except Exception as err:  # noqa: BLE001 - any failure of the device's calls means serving without batches
+            if batch is not None:
+                batch.shutdown()
+            log.warning("no batch engine on %s (%s): each of up to %d requests runs its own generation",
+                        engine.target.device, str(err).splitlines()[0][:200], self.config.running_limit)
+            return None, {}
 
     def raise_if_unhealthy(self) -> None:
         """Raise RuntimeError when this server cannot serve: its engine failed to load or its scheduler died."""

@@ -24,6 +24,8 @@ def test_checks_pass_on_the_cpu_for_every_drafter(tiny_artifacts):
                and p["tolerated"] == [] for p in check.placement.values())
     assert check.logits["target"] == {"max_steps": 0.0, "bound_steps": 0.25} and check.kv_addresses_stable
     assert set(check.throughput) == {"none K=0", "ngram K=4", "ngram K=auto", "model K=4", "model K=auto"}
+    # the batch engine ran every prompt with every drafter at once, each text its target-only one
+    assert check.batch["requests"] == 3 * len(device_check.PROMPTS) and check.batch["mismatches"] == []
 
 
 def test_work_off_the_expected_provider_fails_from_the_profile(tiny_artifacts, monkeypatch):
@@ -77,7 +79,7 @@ def test_tf32_is_turned_off_for_fp32_artifacts_only(tiny_artifacts, tmp_path):
 def test_a_cache_off_the_device_fails(tiny_artifacts, monkeypatch):
     monkeypatch.setitem(device_check.KV_DEVICE, "cpu", "cuda")  # pretend the cache should be on a GPU
     check = device_check.check_artifact(tiny_artifacts["llama"], "cpu", max_new_tokens=4)
-    assert check.failures == ["KV cache is on cpu, not cuda"]
+    assert check.failures == ["KV cache is on cpu, not cuda", "batch engine KV slots are on cpu, not cuda"]
 
 
 def test_cuda_without_cuda_fails_with_the_reason(tiny_artifacts, tmp_path, capsys):
