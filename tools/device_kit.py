@@ -13,7 +13,8 @@ tools/device_kit.py` (`make device-kit`) writes, under `.device/` (git-ignored):
   command: one per piece, then one carrying the kit that joins the pieces, checks their
   sha256, installs both wheels and runs the whole check (placement, KV addresses, logits
   against the CPU, greedy equality, tokens/s target-only and with every drafter the
-  SmolLM2 artifact has) on CUDA, within RUN_SECONDS, printing one JSON report.
+  SmolLM2 artifact has, the batch engine's run) on CUDA, within RUN_SECONDS, printing one
+  JSON report.
 The SmolLM2 artifact is exported here (`--dtype fp16`, target-only: n-gram drafts; a
 `specdec distill` head in it is checked too) when `--smollm2` does not exist yet.
 """
@@ -137,13 +138,16 @@ def _export_tiny_pairs(folder: Path) -> list[str]:
 
 
 def ensure_smollm2(folder: Path) -> Path:
-    """Return `folder`, exporting the bundled SmolLM2 GGUF there (fp16, target-only) if it has no manifest."""
-    if not (folder / "specdec.json").is_file():
+    """Return `folder`, exporting the bundled SmolLM2 GGUF there (fp16, target-only) if it has no manifest, or one
+    from before fp16 exports had the batch engine's ragged-rows graph."""
+    from specdec.models.manifest import load_manifest
+
+    if not (folder / "specdec.json").is_file() or not load_manifest(folder, check_files=False).target.ragged_file:
         from specdec.exporter.bundled import smollm2_gguf_path
         from specdec.exporter.pipeline import ExportConfig, run_export
 
         print(f"exporting SmolLM2 fp16 to {folder} (a few minutes)", file=sys.stderr)
-        run_export(ExportConfig(target=str(smollm2_gguf_path()), draft=None, output=folder, dtype="fp16"),
+        run_export(ExportConfig(target=str(smollm2_gguf_path()), draft=None, output=folder, dtype="fp16", force=True),
                    progress=lambda message: print(message, file=sys.stderr))
     return folder
 

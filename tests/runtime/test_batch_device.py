@@ -86,7 +86,7 @@ def test_the_device_check_runs_the_batch_engine_and_catches_slots_bound_to_one_r
     device_check.check_batch(check, engine, targets, ["ngram", "model"], 12)
     assert check.failures == [] and check.batch["mismatches"] == []
     assert check.batch["kv_device"] == "cpu" and check.batch["requests"] == 9 and check.batch["ragged_calls"] > 0
-    assert set(check.batch["batched_call_ms"]) == {1, 2, 4, 8}
+    assert {1, 2, 4, 8} <= set(check.batch["batched_call_ms"])  # timed at start, and any span the run observed
 
     # A device that ignored each slot's offset: every slot's view lands on row 0, so requests overwrite each other.
     views = slots.SlotArena.__init__
