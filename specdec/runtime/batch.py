@@ -200,7 +200,7 @@ class BatchEngine:
         for rows in (r for r in plain_rows if r <= self.max_batch):
             self.batch_costs.observe(rows, self.time_batched_call(rows, repeats=repeats))
         if self.arena.ragged:
-            slots = self.max_batch
+            slots = self.arena.ragged_span
             for active, per_row in ((1, 1), (max(slots // 2, 1), 1), (slots, 1), (slots, 3), (slots, 5)):
                 tokens = [per_row] * active + [0] * (slots - active)  # slots no request holds take no tokens
                 self.ragged_costs.observe(active * per_row, self.time_ragged_call(tokens, repeats=repeats))
@@ -228,11 +228,11 @@ class BatchEngine:
     def time_ragged_call(self, tokens: list[int], repeats: int = 3) -> float:
         """Return the fastest of `repeats` ragged-rows calls where slot s feeds tokens[s] tokens (0: an idle slot)
         after CALIBRATION_PAST positions, after one untimed call (fp32 LM head). Needs a ragged-rows graph of
-        max_batch rows; not beside the scheduler."""
-        slots, past = self.max_batch, self._calibration_past()
+        max_batch rows at most; not beside the scheduler."""
+        slots, past = self.arena.ragged_span, self._calibration_past()
         if not self.arena.ragged:
-            raise GenerationError(f"no ragged-rows graph of {slots} rows here (the artifact's has "
-                                  f"{self.engine.target.spec.ragged_rows}): export with --batch-rows {slots}")
+            raise GenerationError(f"no ragged-rows graph of {self.max_batch} rows or fewer here (the artifact's has "
+                                  f"{self.engine.target.spec.ragged_rows}): export with --batch-rows {self.max_batch}")
         if len(tokens) > slots:
             raise GenerationError(f"{len(tokens)} rows asked of a ragged-rows graph of {slots}")
         rows = [[0] * n for n in tokens] + [[]] * (slots - len(tokens))
@@ -351,7 +351,8 @@ class BatchEngine:
             # prefix it computed (a document many requests start with). A chat template's system prompt that a
             # slot holds is copied now: waiting for it would prefill every chat arrival alone.
             group: list[_Request] = []
-            while (request := self._admissible()) is not None:
+            window = self._slot_window()
+            while (request := self._admissible(window)) is not None:
                 prompt = request.opened.state.request.prompt_ids
                 if self.prefix_cache and group:
                     held = self.arena.cached_prefix(prompt)
@@ -359,7 +360,7 @@ class BatchEngine:
                            for r in group):
                         self._prefill_all(group)
                         group = []
-                request.cache = self.arena.take(prompt if self.prefix_cache else None)
+                request.cache = self.arena.take(prompt if self.prefix_cache else None, window=window)
                 self.prefix_tokens_reused += request.cache.length
                 group.append(request)
             self._prefill_all(group)
@@ -371,16 +372,31 @@ class BatchEngine:
             request.out.put(_END)
             self._release(request)
 
-    def _admissible(self) -> _Request | None:
-        """Return (and dequeue) the next waiting request to admit while a slot is free, else None."""
+    def _admissible(self, window: int) -> _Request | None:
+        """Return (and dequeue) the next waiting request to admit while one of slots 0..window-1 is free, else None."""
         with self._wake:
-            while self._waiting and self.arena.used < self.arena.slots and not self._stopping:
+            while self._waiting and self.arena.free_below(window) and not self._stopping:
                 request = self._next_waiting()
                 if request.cancelled.is_set():
                     request.out.put(_END)
                     continue
                 return request
         return None
+
+    def _slot_window(self) -> int:
+        """Return how many slots, from slot 0, this round's new requests may take: as many as are running and
+        waiting, but no fewer than the ragged-rows graph's rows (and no more while a draft head's request is among
+        them: it needs that graph every step). Requests then stay in the slots a ragged call spans while the load
+        fits them, and a batched call spans no more rows than the load needs (a row past the running ones costs
+        a MatMul row)."""
+        rows = self.arena.ragged_span
+        if not rows or rows == self.arena.slots:
+            return self.arena.slots
+        with self._wake:
+            requests = self._running + list(self._waiting)
+        if any(r.opened.state.hidden for r in requests):
+            return rows
+        return max(rows, min(len(requests), self.arena.slots))
 
     def _next_waiting(self) -> _Request:
         """Return (and dequeue) the next request to admit: the first waiting, unless the prefix cache holds a
@@ -404,7 +420,7 @@ class BatchEngine:
         for request in group:
             self._guarded(request, self._open)
         group = [r for r in group if r.cache is not None]
-        if len(group) < 2 or not self.arena.ragged or any(r.opened.state.hidden for r in group):
+        if len(group) < 2 or not self._in_ragged_rows(group) or any(r.opened.state.hidden for r in group):
             for request in group:
                 self._guarded(request, lambda r: self._started(r, prefill(self.engine.target, r.cache,
                                                                            r.opened.state)))
@@ -483,7 +499,8 @@ class BatchEngine:
                 proposals[i] = _first(looked_up[i], k)
                 continue
             model = _model_side(state.drafter)
-            if k == 0 or model is None or self.draft_arena is None or not self.draft_arena.ragged:
+            if k == 0 or model is None or self.draft_arena is None or \
+                    request.cache.slot >= self.draft_arena.ragged_span:
                 proposals[i] = draft(state, k)
                 continue
             calls = state.drafter.draft_calls(state.context, k)
@@ -544,8 +561,12 @@ class BatchEngine:
     def _ragged_mode(self, running: list[_Request]) -> bool:
         """Return whether this step's rows would share a ragged-rows call: several requests run, and one drafts
         or the plain graph cannot batch them."""
-        return len(running) > 1 and self.arena.ragged and (
+        return len(running) > 1 and self._in_ragged_rows(running) and (
             not self.arena.plain_batches or any(r.opened.state.drafting for r in running))
+
+    def _in_ragged_rows(self, requests: list[_Request]) -> bool:
+        """Return whether every request's slot lies among the rows of the ragged-rows graph (none: False)."""
+        return all(r.cache.slot < self.arena.ragged_span for r in requests)
 
     def _plain_steps_ragged(self) -> bool:
         """Return whether a step without drafts also takes the ragged-rows graph (in ragged mode).

@@ -142,8 +142,19 @@ class SlotArena:
                 best, shared = slot, common
         return best, shared
 
-    def take(self, prompt_ids: list[int] | None = None, min_prefix: int = MIN_PREFIX) -> SlotCache | None:
-        """Return a free slot's cache, or None when every slot is held.
+    @property
+    def ragged_span(self) -> int:
+        """Return how many slots, from slot 0, the ragged-rows graph spans (0: no ragged-rows graph here)."""
+        return self.session.spec.ragged_rows if self.ragged else 0
+
+    def free_below(self, window: int) -> int:
+        """Return how many of slots 0..window-1 are free."""
+        with self._lock:
+            return sum(1 for s in self._free if s < window)
+
+    def take(self, prompt_ids: list[int] | None = None, min_prefix: int = MIN_PREFIX,
+             window: int | None = None) -> SlotCache | None:
+        """Return a free slot's cache among slots 0..window-1 (None: all), or None when all of those are held.
 
         Without `prompt_ids` (or no slot sharing `min_prefix` tokens with it), the lowest free slot,
         empty. With them, the free slot whose last request shares the longest prefix with the prompt: its
@@ -152,13 +163,16 @@ class SlotArena:
         Where a running request's context shares `min_prefix` more tokens (a system prompt or a document
         many requests start with), those positions are copied into the free slot instead of prefilled.
         """
+        window = self.slots if window is None else window
         with self._lock:
-            if not self._free:
+            free = sorted(s for s in self._free if s < window)
+            if not free:
                 return None
-            best, shared = self._longest_prefix(prompt_ids, sorted(self._free)) if prompt_ids else (None, 0)
-            source, copied = (self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s not in self._free])
+            best, shared = self._longest_prefix(prompt_ids, free) if prompt_ids else (None, 0)
+            # Copied from: a running request's context, or what a free slot outside the window kept.
+            source, copied = (self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s not in free])
                               if prompt_ids and self.copies_prefixes else (None, 0))
-            empty = [s for s in self._free if not self._caches[s].kept_ids]
+            empty = [s for s in free if not self._caches[s].kept_ids]
             # Reusing under half the prompt (a shared system prompt) would cut a longer cached context short:
             # an empty slot costs only those few tokens' prefill (or their copy).
             if best is None or shared < min_prefix or copied >= shared + min_prefix or (
@@ -166,8 +180,8 @@ class SlotArena:
                 shared = 0
                 # Keep the cached prefixes most likely to be asked for again: an empty slot, else the one
                 # given back longest ago. Without a prompt, the lowest slot (the batched calls' rows stay few).
-                best = min(self._free, key=lambda s: (bool(self._caches[s].kept_ids), self._caches[s].released)) \
-                    if prompt_ids else self._free[0]
+                best = min(free, key=lambda s: (bool(self._caches[s].kept_ids), self._caches[s].released)) \
+                    if prompt_ids else free[0]
             self._free.remove(best)
             heapq.heapify(self._free)
         cache = self._caches[best]
@@ -186,10 +200,12 @@ class SlotArena:
 
     def ragged_rows(self, fed: dict[int, tuple[KVCache, list[int]]]
                     ) -> tuple[list[KVCache | None], list[list[int]], list[int]]:
-        """Return (caches, rows, past lengths) of one ragged-rows call, a row per slot: slot s's request cache
-        and tokens where `fed` has s, else no cache, no token and the slot's idle length."""
+        """Return (caches, rows, past lengths) of one ragged-rows call, a row per slot it spans: slot s's request
+        cache and tokens where `fed` has s, else no cache, no token and the slot's idle length."""
+        if any(slot >= self.ragged_span for slot in fed):
+            raise ValueError(f"a ragged-rows call spans slots 0..{self.ragged_span - 1}, asked for {sorted(fed)}")
         caches, rows, lengths = [], [], []
-        for slot in range(self.slots):
+        for slot in range(self.ragged_span):
             cache, tokens = fed.get(slot, (None, []))
             caches.append(cache)
             rows.append(tokens)
@@ -247,16 +263,17 @@ class SlotArena:
 
     @property
     def ragged(self) -> bool:
-        """Return whether one call can take every slot's row with any token count (the ragged-rows graph)."""
+        """Return whether one call can take the rows of slots 0..R-1 with any token count (the ragged-rows graph
+        of R rows, R <= slots: a step whose requests all lie below R)."""
         spec = self.session.spec
-        return spec.ragged_rows == self.slots and self.session.ragged_session() is not None
+        return 0 < spec.ragged_rows <= self.slots and self.session.ragged_session() is not None
 
     def ragged_binding(self) -> CallBinding:
         """Return the reusable binding of the ragged-rows graph: row r's KV bound to slot r, once for all calls."""
         if self._ragged_binding is None:
             session = self.session
             call = CallBinding(session.ragged_session().io_binding())
-            rows = range(self.slots)
+            rows = range(self.ragged_span)
             call.bind_cache([f"{name}.{r}" for r in rows for name in session._past_names],
                             [f"{name}.{r}" for r in rows for name in session._present_names],
                             [tensor for r in rows for tensor in self._caches[r].tensors])

@@ -117,3 +117,22 @@ def test_sampled_head_requests_under_batching_keep_the_targets_distribution(engi
     assert set(observed) <= set(exact), "sampled a sequence the target gives zero probability"
     chi2, critical = _chi_square(observed, exact, sum(observed.values()))
     assert chi2 < critical, (chi2, critical)
+
+
+def test_with_more_slots_than_ragged_rows_head_requests_keep_the_load_in_the_ragged_rows(engine):
+    """A head's request needs the ragged-rows graph every step: while one runs or waits, requests take only the
+    slots that graph spans (12 clients on 16 slots: 8 run, 4 wait), and every text is still its own."""
+    rows = engine.target.spec.ragged_rows
+    prompts = (_prompts(engine) * 6)[:12]
+    reference = [engine.generate(p, GenerationConfig(max_new_tokens=16, drafter="none")).token_ids for p in prompts]
+    configs = [GenerationConfig(max_new_tokens=16, drafter="eagle" if i % 3 == 0 else "none", num_draft_tokens=2)
+               for i in range(12)]
+    batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=256)
+    slots, take = [], batch.arena.take
+    batch.arena.take = lambda *args, **kwargs: slots.append((cache := take(*args, **kwargs)).slot) or cache
+    try:
+        results = _burst(batch, prompts, configs)
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference
+    assert len(slots) == 12 and max(slots) < rows and batch.ragged_calls > 0

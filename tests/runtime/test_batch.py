@@ -593,3 +593,77 @@ def test_with_the_prefix_cache_a_waiting_prompt_that_matches_the_freed_slot_goes
         # fed: the prefills, in admission order. With the cache: A (one token: its slot kept it) before B
         assert fed[0] == (1 if keep else len(b)), (keep, fed)
 
+
+
+def _taken_slots(batch) -> list[int]:
+    """Return a list that gets the slot of every request the target arena admits from now on."""
+    slots, take = [], batch.arena.take
+
+    def recorded(*args, **kwargs):
+        cache = take(*args, **kwargs)
+        slots.append(cache.slot)
+        return cache
+
+    batch.arena.take = recorded
+    return slots
+
+
+def test_more_slots_than_ragged_rows_take_the_high_slots_only_under_more_load(engine):
+    """16 slots, an 8-row ragged graph: 8 requests stay in slots 0-7, where their drafts share ragged calls (and a
+    burst of them one ragged prefill); 16 at once spread over all 16 slots, which batched decode calls serve; after
+    them, a small load is back in slots 0-7, though the prefix cache would pick the slot given back longest ago.
+    Every text is its prompt's target-only text."""
+    rows = engine.target.spec.ragged_rows
+    prompts = (PROMPT_SET * 2)[:2 * rows]
+    reference = [engine.generate(p, GenerationConfig(max_new_tokens=16, drafter="none")).token_ids for p in prompts]
+    configs = [GenerationConfig(max_new_tokens=16, drafter="ngram" if i % 2 else "none", ngram_min=1)
+               for i in range(2 * rows)]
+    batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=128, prefix_cache=True)  # slots chosen by prefix
+    slots = _taken_slots(batch)
+    try:
+        assert batch.arena.ragged and batch.arena.ragged_span == rows
+        few = _burst(batch, prompts[:rows], configs[:rows])
+        assert sorted(slots) == list(range(rows)) and batch.ragged_prefills == 1 and batch.ragged_calls > 0
+        many = _burst(batch, prompts, configs)
+        assert max(slots[rows:]) >= rows  # the high slots took part of this load
+        del slots[:]
+        again = _concurrently(batch, prompts[:3], configs[:3])
+        assert max(slots) < rows
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in few] == reference[:rows]
+    assert [r.token_ids for r in many] == reference
+    assert [r.token_ids for r in again] == reference[:3]
+
+
+def test_a_slot_window_keeps_new_requests_below_it_whatever_the_prefix_cache_prefers(engine):
+    from specdec.runtime.slots import SlotArena
+
+    arena = SlotArena(engine.target, 16, 64, keep_prefixes=True)
+    caches = [arena.take() for _ in range(16)]
+    for slot in (12, 3):  # slot 12 given back first: the prefix cache's eviction choice, without a window
+        caches[slot].token_ids = [1, 2, 3]
+        arena.give(caches[slot])
+    assert arena.free_below(8) == 1 and arena.free_below(16) == 2
+    assert arena.take([7, 8, 9], window=3) is None
+    assert arena.take([7, 8, 9], window=8).slot == 3
+    assert arena.take([7, 8, 9]).slot == 12
+
+
+def test_the_slot_window_follows_the_load_between_the_ragged_rows_and_all_slots(engine):
+    rows = engine.target.spec.ragged_rows
+    batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=64)
+    try:
+        plain = type("Request", (), {"opened": type("Opened", (), {"state": type("State", (), {"hidden": None})})})
+        head = type("Request", (), {"opened": type("Opened", (), {"state": type("State", (), {"hidden": [1]})})})
+        with batch._wake:
+            for load, window in ((0, rows), (3, rows), (rows + 3, rows + 3), (3 * rows, 2 * rows)):
+                batch._waiting.extend([plain] * load)
+                assert batch._slot_window() == window, load
+                batch._waiting.clear()
+            batch._waiting.extend([plain] * (3 * rows) + [head])
+            assert batch._slot_window() == rows  # a head's request needs the ragged rows every step
+            batch._waiting.clear()
+    finally:
+        batch.shutdown()
+    assert BatchEngine(engine, max_batch=rows, kv_capacity=64)._slot_window() == rows
