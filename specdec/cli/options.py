@@ -25,6 +25,19 @@ def draft_tokens_callback(ctx, param, value: str | None) -> int | str | None:
     return parse_draft_tokens(value)
 
 
+def max_batch_callback(ctx, param, value: str) -> int | None:
+    """Return --max-batch as a number of slots, or None for `auto` (the artifact's serving_slots)."""
+    if value == "auto":
+        return None
+    try:
+        slots = int(value)
+    except ValueError:
+        slots = 0
+    if slots < 1:
+        raise click.BadParameter(f"must be a whole number >= 1 or 'auto', got {value!r}")
+    return slots
+
+
 def minutes_option(default: float, help: str):
     """Return the --minutes option: the whole run's time budget, `default` minutes unless given."""
     return click.option("--minutes", type=float, default=default, show_default=True, help=help)

@@ -9,7 +9,7 @@ import sys
 import click
 
 from specdec.cli.errors import one_line_errors
-from specdec.cli.options import draft_tokens_callback, provider_option, threads_option
+from specdec.cli.options import draft_tokens_callback, max_batch_callback, provider_option, threads_option
 from specdec.runtime.config import DRAFTER_CHOICES
 from specdec.models.errors import MissingDependencyError, SpecdecError
 
@@ -20,10 +20,11 @@ from specdec.models.errors import MissingDependencyError, SpecdecError
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="Port to listen on (0: any free port; the line on stdout says which).")
 @click.option("--model-name", default=None, help="The model id clients send (default: the artifact folder's name).")
-@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--max-batch", default="auto", show_default=True, metavar="N|auto", callback=max_batch_callback,
               help="Requests decoded together, one target call per step for all of them (continuous batching "
-                   "with speculation; each request holds a KV slot). 1: each request runs alone on its own "
-                   "thread, --max-concurrency of them.")
+                   "with speculation; each request holds a KV slot). auto: twice the artifact's ragged-rows graph "
+                   "rows (16 for a default export; its rows for int4 and --exact-steps exports, 8 without that "
+                   "graph). 1: each request runs alone on its own thread, --max-concurrency of them.")
 @click.option("--kv-capacity", type=click.IntRange(min=16), default=1024, show_default=True,
               help="Positions per KV slot (prompt + max_tokens must fit); the memory taken is logged at start.")
 @click.option("--prefix-cache", is_flag=True,
@@ -87,6 +88,8 @@ def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache
     from specdec.serve.config import ServeConfig
     from specdec.serve.guard import is_loopback
 
+    if max_batch is None:
+        max_batch = load_manifest(artifact, check_files=False).target.serving_slots
     keys = tuple(api_keys) + _keys_from_file(api_key_file)
     if not keys and not is_loopback(host) and not allow_no_key:
         raise SpecdecError(f"--host {host} is reachable from other machines and no --api-key is set: give a key "

@@ -136,6 +136,17 @@ class GraphSpec:
         """Return the path of the ONNX graph, relative to the artifact."""
         return self.files[0]
 
+    @property
+    def serving_slots(self) -> int:
+        """Return the KV slots a batch engine serving this target takes by default: twice the ragged-rows graph's
+        rows (a light load stays in those rows, where drafts are verified together; a heavy one fills the rest
+        with batched decode calls), those rows alone where every step must be a ragged call (int4 and
+        --exact-steps: their plain graph batches no 1-token rows), 8 without that graph (an older export)."""
+        if not self.ragged_rows:
+            return 8
+        padded = self.attention_pad_rows > 0 or self.min_rows > 1
+        return self.ragged_rows if padded else 2 * self.ragged_rows
+
 
 @dataclass(frozen=True)
 class TokenizerSpec:

@@ -77,3 +77,31 @@ def test_available_cores_reads_the_cgroup_quota(tmp_path):
     assert available_cores(str(quota)) == affinity
     quota.write_text("50000 100000\n")  # half a CPU still gets one thread
     assert available_cores(str(quota)) == 1
+
+
+def test_max_batch_auto_is_twice_the_ragged_rows_or_those_rows_where_every_step_is_ragged(serve_artifact,
+                                                                                         monkeypatch):
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+
+    from specdec.cli import serve as serve_cli
+    from specdec.cli.main import main
+    from specdec.models.manifest import load_manifest
+
+    target = load_manifest(serve_artifact).target
+    assert target.ragged_rows == 8 and target.serving_slots == 16
+    assert replace(target, attention_pad_rows=1).serving_slots == 8  # int4: its plain graph batches no 1-token rows
+    assert replace(target, min_rows=2).serving_slots == 8
+    assert replace(target, ragged_rows=0, ragged_file=None).serving_slots == 8  # exported before the ragged graph
+
+    started = []
+    monkeypatch.setattr(serve_cli, "_serve_one_process", lambda config, *args: started.append(config.max_batch))
+    for flag, slots in (([], 16), (["--max-batch", "auto"], 16), (["--max-batch", "3"], 3)):
+        result = CliRunner().invoke(main, ["serve", str(serve_artifact), "--port", "0"] + flag)
+        assert result.exit_code == 0, result.output
+        assert started.pop() == slots
+    for bad in ("0", "many"):
+        result = CliRunner().invoke(main, ["serve", str(serve_artifact), "--max-batch", bad])
+        assert result.exit_code == 2 and "must be a whole number >= 1 or 'auto'" in result.output
+        assert "Traceback" not in result.output
