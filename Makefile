@@ -161,4 +161,5 @@ bench-bound: $(STAMP) $(ARTIFACT)/specdec.json
 
 bench-serve: $(STAMP) $(ARTIFACT)/specdec.json anchors-serve
 	$(BIN)/python tools/bench_serve.py --artifact $(ARTIFACT) --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
-		--llama-server $(LLAMA_SERVER) --vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --threads 2
+		--llama-server $(LLAMA_SERVER) --vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --threads 2 \
+		--prefix-cache

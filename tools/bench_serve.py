@@ -102,7 +102,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="threads for every server")
     parser.add_argument("--prefix-cache", action="store_true",
                         help="specdec with --prefix-cache (the anchors cache prompts by default)")
-    parser.add_argument("--max-batch", type=int, default=8, help="specdec --max-batch and llama-server -np")
+    parser.add_argument("--max-batch", type=int, default=16,
+                        help="specdec --max-batch and llama-server -np (16: specdec's auto for an 8-row export; "
+                             "vLLM gets --max-num-seqs 16)")
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--drafters", default="none,ngram", help="specdec's decodings (the anchors run their own)")
     parser.add_argument("--requests", type=int, default=32, help="requests per cell")

@@ -160,8 +160,9 @@ class SlotArena:
         empty. With them, the free slot whose last request shares the longest prefix with the prompt: its
         cache then already holds that prefix (all of the prompt but its last token at most), which the
         prefill skips; but an empty slot where that prefix is under half the prompt and the slot holds more.
-        Where a running request's context shares `min_prefix` more tokens (a system prompt or a document
-        many requests start with), those positions are copied into the free slot instead of prefilled.
+        Where a running request's context (or a free slot's outside the window) shares `min_prefix` more
+        tokens (a system prompt or a document many requests start with), those positions are copied into the
+        free slot instead of prefilled (on the CPU).
         """
         window = self.slots if window is None else window
         with self._lock:
