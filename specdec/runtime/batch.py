@@ -11,7 +11,9 @@ head (EAGLE) reads its request's hidden rows from the ragged call (tapped by `sp
 its own small calls.
 batch_plan.py chooses which requests speculate, from measured call costs (prompt lookup is asked
 first, so the plan weighs the drafts it found). New requests are admitted between steps into KV slots
-(slots.py), those admitted together prefilled in one ragged-rows call.
+(slots.py), those admitted together prefilled in one ragged-rows call. There may be more slots than that
+graph has rows: new requests take its rows while the load fits them, the rest only under more load
+(`_slot_window`), and a step with a request beyond them is a batched decode call.
 
     from specdec.runtime import BatchEngine, Engine, GenerationConfig
     batch = BatchEngine(Engine.load("artifacts/smollm2"), max_batch=8)
@@ -565,7 +567,7 @@ class BatchEngine:
             not self.arena.plain_batches or any(r.opened.state.drafting for r in running))
 
     def _in_ragged_rows(self, requests: list[_Request]) -> bool:
-        """Return whether every request's slot lies among the rows of the ragged-rows graph (none: False)."""
+        """Return whether every request's slot lies among the rows of the ragged-rows graph (False without one)."""
         return all(r.cache.slot < self.arena.ragged_span for r in requests)
 
     def _plain_steps_ragged(self) -> bool:
