@@ -4,8 +4,8 @@ It needs only the runtime (numpy, onnxruntime-gpu, tokenizers), so it runs on a 
 machine where specdec's exporter cannot be installed. Per artifact it checks that:
 - every session runs on the requested provider (read back: onnxruntime-gpu that cannot
   load CUDA falls back to the CPU in silence);
-- every node of the target, draft, draft-head and rollback graphs that touches a float
-  tensor ran there, from onnxruntime's profile of a prefill, a verify, a rollback and a
+- every node of the target, draft, draft-head, rollback and ragged-rows graphs that touches
+  a float tensor ran there, from onnxruntime's profile of a prefill, a verify, a rollback and a
   step (integer-only shape nodes may run on the CPU and are listed; a Memcpy of a float
   tensor fails); the VERBOSE session log's placements and "not assigned" / Memcpy
   warnings are reported, and a session with CPU fallback disabled is tried (reported);
@@ -103,6 +103,19 @@ def _exercise(model: ModelSession, ids: list[int]) -> tuple[np.ndarray, list[lis
     return np.concatenate(rows), addresses, device
 
 
+def _exercise_ragged(model: ModelSession, ids: list[int]) -> None:
+    """Run one call of the model's ragged-rows graph (its own KV slots): a 3-token row after a prefilled prompt, a
+    1-token row, and the idle rows' throwaway tokens, so that its profile shows where its nodes ran."""
+    from specdec.runtime.slots import SlotArena
+
+    arena = SlotArena(model, model.spec.ragged_rows, len(ids) + 16)
+    first, second = arena.take(), arena.take()
+    model.forward(first, ids, logits_rows=1)
+    fed = {first.slot: (first, ids[:3]), second.slot: (second, ids[:1])}
+    caches, rows, lengths = arena.ragged_rows(fed)
+    model.forward_ragged(arena.ragged_binding(), caches, rows, lengths)
+
+
 def _profiled(session: ort.InferenceSession) -> list[proofs.NodeRun]:
     path = session.end_profiling()
     return proofs.profile_nodes(json.loads(Path(path).read_text())) if path else []
@@ -134,6 +147,8 @@ def _check_proofs(check: ArtifactCheck, artifact: Path, provider: str, workdir: 
     settings.profile_dir, settings.verbose_log = workdir, True
     with checked_sessions(settings):
         engine = Engine.load(artifact, provider=provider)
+        for model in _models(engine).values():
+            model.ragged_session()  # the batch engine's graph, profiled and logged like the others
     reference = Engine.load(artifact, provider="cpu")
     expected = EXPECTED_PROVIDER.get(engine.target.device, CPU)
     ids = engine.prompt_ids(PROMPTS[0])
@@ -153,6 +168,8 @@ def _check_proofs(check: ArtifactCheck, artifact: Path, provider: str, workdir: 
                 check.failures.append(f"{role} KV buffers {moved[:4]} moved on the device between steps")
         check.failures += [f"{role}: {f}" for f in proofs.tf32_failures(model.session.get_provider_options(),
                                                                          model.spec.kv_dtype)]
+        if model.ragged_session() is not None:
+            _exercise_ragged(model, ids)
     sessions = {f"{role}/{name}": s for role, m in _models(engine).items() for name, s in m.onnx_sessions().items()}
     if getattr(engine, "eagle", None) is not None:
         sessions["eagle/model"] = engine.eagle.session  # not run above: its profile proves what generate ran

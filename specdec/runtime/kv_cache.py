@@ -116,7 +116,7 @@ class KVView:
 
     onnxruntime's Python API cannot make an OrtValue over part of a device buffer, but an
     IOBinding takes a bare address (bind_input / bind_output with buffer_ptr), on the CPU and
-    on CUDA alike. Offers the two OrtValue methods the cache and the device check read.
+    on CUDA alike. Offers the OrtValue methods the cache and the device check read.
     """
 
     device: str  # onnxruntime's device name: "cpu", "cuda"

@@ -321,10 +321,13 @@ class ModelSession:
                        max_positions=limit, pool=self.pool)
 
     def onnx_sessions(self) -> dict[str, ort.InferenceSession]:
-        """Return this model's onnxruntime sessions by role: "model", and "kv_slice" for a concat cache."""
+        """Return this model's onnxruntime sessions by role: "model", "kv_slice" for a concat cache, and "ragged"
+        once the ragged-rows graph is loaded."""
         sessions = {"model": self.session}
         if self.slicer is not None:
             sessions["kv_slice"] = self.slicer.session
+        if self._ragged is not None:
+            sessions["ragged"] = self._ragged
         return sessions
 
     def _output(self, call: CallBinding, name: str, rows: int, device: str, batch: int = 1) -> ort.OrtValue | int:

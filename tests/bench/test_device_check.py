@@ -19,7 +19,7 @@ def test_checks_pass_on_the_cpu_for_every_drafter(tiny_artifacts):
     assert len(check.runs) == len(device_check.PROMPTS) * 5
     assert all(run["greedy_equals_target_only"] for run in check.runs if run["drafter"] != "none")
     # the proofs ran: every graph profiled and logged, the same provider's logits 0 steps apart
-    assert sorted(check.placement) == ["draft/model", "target/model"]
+    assert sorted(check.placement) == ["draft/model", "draft/ragged", "target/model", "target/ragged"]
     assert all(p["log_placements"] == {"CPUExecutionProvider": p["log_placements"]["CPUExecutionProvider"]}
                and p["tolerated"] == [] for p in check.placement.values())
     assert check.logits["target"] == {"max_steps": 0.0, "bound_steps": 0.25} and check.kv_addresses_stable
@@ -36,6 +36,11 @@ def test_work_off_the_expected_provider_fails_from_the_profile(tiny_artifacts, m
     roles = {failure.split(":")[0] for failure in check.failures}
     assert roles == {"target/model", "target/kv_slice", "draft/model", "draft/kv_slice"}  # rollback graphs too
     assert any("MatMul" in f and "ran on CPUExecutionProvider (float" in f for f in check.failures)
+    shared = device_check.ArtifactCheck("llama", "cpu")  # shared KV buffers: the batch engine's graphs too
+    device_check.check_proofs(shared, tiny_artifacts["llama"], "cpu", tiny_artifacts["llama"].parent)
+    roles = {failure.split(":")[0] for failure in shared.failures}
+    assert roles == {"target/model", "target/ragged", "draft/model", "draft/ragged"}
+    assert any(f.startswith("target/ragged") and "GroupQueryAttention" in f for f in shared.failures)
 
 
 def test_kv_buffers_that_move_between_steps_fail(tiny_artifacts, monkeypatch):
