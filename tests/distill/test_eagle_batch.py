@@ -16,7 +16,7 @@ from specdec.runtime.batch import BatchEngine
 from specdec.runtime.engine import Engine, GenerationConfig
 
 from tests.distill.test_eagle_runtime import _prompts
-from tests.runtime.test_batch import _burst, _concurrently
+from tests.runtime.test_batch import _burst, _concurrently, _taken_slots
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +128,7 @@ def test_with_more_slots_than_ragged_rows_head_requests_keep_the_load_in_the_rag
     configs = [GenerationConfig(max_new_tokens=16, drafter="eagle" if i % 3 == 0 else "none", num_draft_tokens=2)
                for i in range(12)]
     batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=256)
-    slots, take = [], batch.arena.take
-    batch.arena.take = lambda *args, **kwargs: slots.append((cache := take(*args, **kwargs)).slot) or cache
+    slots = _taken_slots(batch)
     try:
         results = _burst(batch, prompts, configs)
     finally:
