@@ -137,6 +137,12 @@ class GraphSpec:
         return self.files[0]
 
     @property
+    def pads_calls(self) -> bool:
+        """Return whether no call of this graph runs one query row alone (an attention pad, or min_rows > 1: int4
+        and --exact-steps), so that a token scores alike in calls of every length."""
+        return self.attention_pad_rows > 0 or self.min_rows > 1
+
+    @property
     def serving_slots(self) -> int:
         """Return the KV slots a batch engine serving this target takes by default: twice the ragged-rows graph's
         rows (a light load stays in those rows, where drafts are verified together; a heavy one fills the rest
@@ -144,8 +150,7 @@ class GraphSpec:
         --exact-steps: their plain graph batches no 1-token rows), 8 without that graph (an older export)."""
         if not self.ragged_rows:
             return 8
-        padded = self.attention_pad_rows > 0 or self.min_rows > 1
-        return self.ragged_rows if padded else 2 * self.ragged_rows
+        return self.ragged_rows if self.pads_calls else 2 * self.ragged_rows
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ def reads_greedy_head(spec: GraphSpec, rows: int) -> bool:
     Long verify calls read the fp32 head, cheaper there (specdec/runtime/greedy_head.py, MAX_ROWS); a graph that
     scores a token alike in calls of every length (attention pad, min_rows) keeps one head for all.
     """
-    return rows <= GREEDY_HEAD_MAX_ROWS or spec.attention_pad_rows > 0 or spec.min_rows > 1
+    return rows <= GREEDY_HEAD_MAX_ROWS or spec.pads_calls
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ class ModelSession:
         if not self.shared_kv:
             return False
         shape = next(i.shape for i in self.session.get_inputs() if i.name == self.spec.seqlens_name)
-        return not isinstance(shape[0], int) and self.spec.min_rows == 1 and self.spec.attention_pad_rows == 0
+        return not isinstance(shape[0], int) and not self.spec.pads_calls
 
     def ragged_session(self) -> ort.InferenceSession | None:
         """Return the session of the graph's ragged-rows form (loaded on first use: it holds its own copy of the

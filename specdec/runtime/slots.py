@@ -56,7 +56,7 @@ class SlotArena:
                                   "a shared-buffer graph: re-export without --no-shared-kv, or serve with "
                                   "--max-batch 1")
         spec = session.spec
-        padded = spec.attention_pad_rows > 0 or spec.min_rows > 1  # its plain graph's batched op would take 1 row
+        padded = spec.pads_calls  # its plain graph's batched op would take 1 row
         if not session.batches and not (padded and spec.ragged_rows == slots and session.ragged_session()):
             raise GenerationError(
                 f"this artifact's target graph batches only through its ragged-rows graph of {spec.ragged_rows} "
