@@ -161,6 +161,7 @@ class BatchEngine:
         self.prefix_tokens_reused = 0
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
+        self._admitting: list[_Request] = []  # dequeued this round, not yet running: a scheduler error reaches them
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
@@ -332,7 +333,7 @@ class BatchEngine:
             stopped = GenerationError(f"the batch scheduler stopped: {type(err).__name__}: {err}")
             with self._wake:
                 self._stopping = True
-                ended = list(self._waiting) + self._running
+                ended = list({id(r): r for r in [*self._waiting, *self._admitting, *self._running]}.values())
             for request in ended:
                 request.out.put(stopped)
             raise
@@ -355,6 +356,7 @@ class BatchEngine:
             group: list[_Request] = []
             window = self._slot_window()
             while (request := self._admissible(window)) is not None:
+                self._admitting = [*group, request]
                 prompt = request.opened.state.request.prompt_ids
                 if self.prefix_cache and group:
                     held = self.arena.cached_prefix(prompt)
@@ -366,6 +368,7 @@ class BatchEngine:
                 self.prefix_tokens_reused += request.cache.length
                 group.append(request)
             self._prefill_all(group)
+            self._admitting = []
             self._running = [r for r in self._running if not self._ended(r)]
             if self._running:
                 # An error that no single request's guard caught (planning, drafting) ends this step's requests.

@@ -449,6 +449,35 @@ def test_an_error_in_a_step_ends_that_steps_requests_and_the_scheduler_serves_on
         batch.shutdown()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the scheduler re-raises it
+def test_a_scheduler_error_while_a_request_takes_its_slot_reaches_that_request(engine, monkeypatch):
+    """An error outside every step's guard (here: taking a KV slot) stops the scheduler, and the request it had
+    dequeued hears of it like the waiting ones, instead of waiting forever."""
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("slot table broke")
+
+    monkeypatch.setattr(batch.arena, "take", broken)
+    errors = []
+
+    def consume():
+        try:
+            list(batch.stream(PROMPT_SET[0], GenerationConfig(max_new_tokens=4)))
+        except GenerationError as err:
+            errors.append(str(err))
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    consumer.join(timeout=30)
+    assert not consumer.is_alive(), "the request waits forever on a scheduler that died"
+    assert errors and "the batch scheduler stopped: RuntimeError: slot table broke" in errors[0]
+    batch._thread.join(timeout=10)
+    assert not batch.alive
+    with pytest.raises(GenerationError, match="shut down"):
+        batch.stream(PROMPT_SET[1], GenerationConfig(max_new_tokens=4))
+
+
 def _burst(batch, prompts, configs):
     """Return the results of streams submitted while the scheduler is held off: one admission takes them all."""
     with batch._wake:  # re-entrant: stream() takes it too
