@@ -203,6 +203,11 @@ class FeatureDraftSpec:
     vocab_subset: int  # ids the draft can propose (q = 0 elsewhere)
     target_graph_sha256: str
     training: dict[str, Any] = field(default_factory=dict)  # data size, minutes, seed, steps, held-out acceptance
+    # The batch engine's graph of the head: one round of up to ragged_rows requests' calls in one call, each row
+    # equal to its batch-1 call (specdec/exporter/distill/ragged_head.py); listed in sha256. None: heads distilled
+    # before it, whose calls run one request at a time.
+    ragged_file: str | None = None
+    ragged_rows: int = 0
 
     @property
     def graph_file(self) -> str:
@@ -418,12 +423,15 @@ def _feature_draft_from_dict(data: Any) -> FeatureDraftSpec:
     spec = FeatureDraftSpec(**_fields(data, where, {
         "kind": (str,), "files": (list,), "sha256": (dict,), "hidden_size": (int,), "num_kv_heads": (int,),
         "head_dim": (int,), "vocab_subset": (int,), "target_graph_sha256": (str,)}), training=_get(
-        data, "training", (dict,), where, True) or {})
+        data, "training", (dict,), where, True) or {}, ragged_file=_get(data, "ragged_file", (str,), where, True),
+        ragged_rows=_get(data, "ragged_rows", (int,), where, True) or 0)
     if spec.kind not in FEATURE_DRAFT_KINDS:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.kind' must be one of {', '.join(FEATURE_DRAFT_KINDS)}, "
                             f"got {spec.kind!r}")
     if len(spec.files) != 2:
         raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.files' must hold [draft graph, vocabulary subset]")
+    if spec.ragged_file is not None and (spec.ragged_file not in spec.sha256 or spec.ragged_rows < 2):
+        raise ManifestError(f"{MANIFEST_FILENAME}: '{where}.ragged_file' needs its sha256 and 'ragged_rows' >= 2")
     return spec
 
 

@@ -31,6 +31,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
+import numpy as np
+
 from specdec.models.errors import GenerationError
 from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, DraftRecord, choose_draft_lengths_ragged,
                                         choose_speculating)
@@ -38,6 +40,7 @@ from specdec.runtime.combined import CombinedDrafter
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.drafters import Drafter, ModelDrafter, Proposal
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
+from specdec.runtime.eagle import EagleDrafter
 from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
 from specdec.runtime.loop import (MAX_DRAFT_ROOM, DecodeState, Iteration, commit, draft, first_token, plan, prefill,
                                   prompt_rest, verify_call)
@@ -103,6 +106,13 @@ def _model_side(drafter: Drafter | None) -> ModelDrafter | None:
     return drafter if isinstance(drafter, ModelDrafter) else None
 
 
+def _head_side(drafter: Drafter | None) -> EagleDrafter | None:
+    """Return the draft head that drafts for `drafter` (itself, or a combined drafter's other side), if any."""
+    if isinstance(drafter, CombinedDrafter):
+        drafter = drafter.model
+    return drafter if isinstance(drafter, EagleDrafter) else None
+
+
 def _draft_lag(state: DecodeState, situation: str | None) -> int:
     """Return the committed tokens a request's draft model has not read yet, where the model would draft next
     (0 for prompt lookup, which reads nothing)."""
@@ -147,6 +157,7 @@ class BatchEngine:
                             if draft is not None and draft.shared_kv and draft.batches
                             else None)
         self.draft_ragged_calls = 0  # rounds of draft calls that shared one ragged-rows call
+        self.head_ragged_calls = 0  # rounds of draft head calls that shared the head's ragged-rows graph
         self.batch_costs = BatchCallCosts()
         self.verify_costs = BatchCallCosts()  # a speculating request's drafting + batch-1 verify call, by tokens
         self.ragged_costs = BatchCallCosts()  # one ragged-rows call (every slot's row), by tokens
@@ -494,18 +505,23 @@ class BatchEngine:
     def _draft_all(self, running: list[_Request], ks: list[int], looked_up: dict[int, Proposal]) -> list[Proposal]:
         """Return every running request's proposal of its k tokens: the first k of what prompt lookup proposed
         (`looked_up`), or drafted now. The draft models' calls of all requests go round by round (catch-up, then
-        one token at a time), each round one ragged-rows call of the draft graph over every request still
-        drafting (a lone one: its own batch-1 call, as the single loop makes)."""
+        one token at a time), each round ONE call of the draft's ragged-rows graph over every request still
+        drafting (a lone one: its own batch-1 call, as the single loop makes); so do the draft heads' calls,
+        through the head's ragged-rows graph where `specdec distill` wrote one."""
         proposals: list[Proposal | None] = [None] * len(running)
-        pending = {}  # request index -> (its draft calls, the tokens its next call feeds)
+        by_model, by_head = {}, {}  # request index -> (its draft calls, what its next call feeds)
         for i, (request, k) in enumerate(zip(running, ks)):
             state = request.opened.state
             if i in looked_up:
                 proposals[i] = _first(looked_up[i], k)
                 continue
-            model = _model_side(state.drafter)
-            if k == 0 or model is None or self.draft_arena is None or \
-                    request.cache.slot >= self.draft_arena.ragged_span:
+            model, head = _model_side(state.drafter), _head_side(state.drafter)
+            if k and model is not None and self.draft_arena is not None and \
+                    request.cache.slot < self.draft_arena.ragged_span:
+                pending = by_model
+            elif k and head is not None and head.head.ragged_session is not None:
+                pending = by_head
+            else:
                 proposals[i] = draft(state, k)
                 continue
             calls = state.drafter.draft_calls(state.context, k)
@@ -513,32 +529,57 @@ class BatchEngine:
                 pending[i] = (calls, next(calls))
             except StopIteration as done:  # prompt lookup's side of a combined drafter: no call
                 proposals[i] = done.value
-        session = self.engine.draft
-        models = {i: _model_side(running[i].opened.state.drafter) for i in pending}
+        self._draft_rounds(running, by_model, self._model_round, proposals)
+        self._draft_rounds(running, by_head, self._head_round, proposals)
+        return proposals
+
+    def _draft_rounds(self, running: list[_Request], pending: dict, round_call: Callable,
+                      proposals: list[Proposal | None]) -> None:
+        """Run the pending requests' draft calls round by round, `round_call(running, pending)` making each round's
+        calls; put each request's Proposal in `proposals` when its calls end."""
         while pending:
             start = time.perf_counter()
-            batched = len(pending) > 1
-            if not batched:
-                (i, (_, feed)), = pending.items()
-                logits = {i: session.forward(models[i].cache, feed, logits_rows=1)[-1]}
-            else:
-                slots = {running[i].cache.slot: i for i in pending}
-                caches, rows, lengths = self.draft_arena.ragged_rows(
-                    {s: (models[i].cache, pending[i][1]) for s, i in slots.items()})
-                out = session.forward_ragged(self.draft_arena.ragged_binding(), caches, rows, lengths)
-                logits = {i: out[s][-1] for s, i in slots.items()}
-                self.draft_ragged_calls += 1
+            outputs = round_call(running, pending)
             share = (time.perf_counter() - start) / len(pending)
             for i in list(pending):
                 running[i].opened.state.draft_seconds += share
-                if batched:  # a batch-1 call counted itself
-                    models[i].cache.count_call(share)
+                calls, fed = pending[i]
+                self._count_draft_call(running[i], fed, share, len(pending) > 1)
                 try:
-                    pending[i] = (pending[i][0], pending[i][0].send(logits[i]))
+                    pending[i] = (calls, calls.send(outputs[i]))
                 except StopIteration as done:
                     proposals[i] = done.value
                     del pending[i]
-        return proposals
+
+    def _model_round(self, running: list[_Request], pending: dict) -> dict[int, np.ndarray]:
+        """Return each pending request's last logits row of its draft model's call: one ragged-rows call."""
+        session = self.engine.draft
+        models = {i: _model_side(running[i].opened.state.drafter) for i in pending}
+        if len(pending) == 1:
+            (i, (_, feed)), = pending.items()
+            return {i: session.forward(models[i].cache, feed, logits_rows=1)[-1]}
+        slots = {running[i].cache.slot: i for i in pending}
+        caches, rows, lengths = self.draft_arena.ragged_rows({s: (models[i].cache, pending[i][1])
+                                                              for s, i in slots.items()})
+        out = session.forward_ragged(self.draft_arena.ragged_binding(), caches, rows, lengths)
+        self.draft_ragged_calls += 1
+        return {i: out[s][-1] for s, i in slots.items()}
+
+    def _head_round(self, running: list[_Request], pending: dict) -> dict:
+        """Return each pending request's HeadOutput of its draft head's call: one ragged-rows call of the head."""
+        order = list(pending)
+        outputs = self.engine.eagle.run_rows([pending[i][1] for i in order])
+        self.head_ragged_calls += len(order) > 1
+        return dict(zip(order, outputs))
+
+    @staticmethod
+    def _count_draft_call(request: _Request, fed, seconds: float, shared: bool) -> None:
+        drafter = request.opened.state.drafter
+        head = _head_side(drafter)
+        if head is not None:
+            head.count_call(len(fed.token_ids), seconds)
+        elif shared:  # a draft model's batch-1 call counted itself
+            _model_side(drafter).cache.count_call(seconds)
 
     def _batched_call(self, running, plans, proposals, plain: list[int], step_start: float) -> None:
         states = [running[i].opened.state for i in plain]

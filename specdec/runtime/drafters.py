@@ -17,7 +17,7 @@ rows of the target call for the positions just committed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Generator, Protocol
+from typing import Callable, Generator, Protocol, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from specdec.runtime.ngram import PHRASE_TABLE, NgramIndex
 from specdec.runtime.phrases import PhraseTable
 from specdec.runtime.sampling import SamplingConfig, greedy_tokens, process_logits, sample_token
 from specdec.runtime.session import ModelSession
+
+Feed = TypeVar("Feed")  # what one draft call takes
+Output = TypeVar("Output")  # what it returns
 
 
 @dataclass(frozen=True)
@@ -164,9 +167,9 @@ class ModelDrafter:
         self._checked = valid
 
 
-def run_draft_calls(calls: Generator[list[int], np.ndarray, Proposal],
-                    call: Callable[[list[int]], np.ndarray]) -> Proposal:
-    """Return the Proposal of a drafter's `draft_calls`, each call made by `call(tokens)` -> last logits row."""
+def run_draft_calls(calls: Generator[Feed, Output, Proposal], call: Callable[[Feed], Output]) -> Proposal:
+    """Return the Proposal of a drafter's `draft_calls`, each call made by `call(feed)`: for a draft model, the
+    tokens fed -> the last logits row; for a draft head, a HeadFeed -> its HeadOutput."""
     try:
         feed = next(calls)
         while True:

@@ -16,19 +16,44 @@ q = 0 outside it and rejection sampling stays exact.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Generator
 
 import numpy as np
 
 from specdec.models.errors import ArtifactError
 from specdec.models.manifest import FeatureDraftSpec, GraphSpec
-from specdec.runtime.drafters import DrafterStats, Proposal
+from specdec.runtime.drafters import DrafterStats, Proposal, run_draft_calls
 from specdec.runtime.providers import create_session
 from specdec.runtime.sampling import SamplingConfig, greedy_tokens, process_logits, sample_token
 
 
+@dataclass(frozen=True)
+class HeadFeed:
+    """One request's head call: n pairs (features [n, width], the tokens after them) from position `start`,
+    over its past (key/value [1, kv_heads, start, head_dim])."""
+
+    hidden: np.ndarray
+    token_ids: list[int]
+    start: int
+    past_key: np.ndarray
+    past_value: np.ndarray
+
+
+@dataclass(frozen=True)
+class HeadOutput:
+    """What one request's head call returns: its last pair's subset logits [subset], the features [n, hidden] of
+    its pairs, and its presents."""
+
+    logits: np.ndarray
+    features: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+
+
 class EagleHead:
-    """The draft head's ONNX session and vocabulary subset, shared by all requests."""
+    """The draft head's ONNX session(s) and vocabulary subset, shared by all requests."""
 
     def __init__(self, artifact_dir: str | Path, spec: FeatureDraftSpec, target: GraphSpec, vocab_limit: int,
                  provider: str = "cpu", threads: int | None = None):
@@ -57,6 +82,77 @@ class EagleHead:
             raise ArtifactError(f"draft head subset '{spec.subset_file}' does not fit the target's "
                                 f"{vocab_limit}-token vocabulary: re-run `specdec distill`")
         self.vocab_limit = vocab_limit
+        # The batch engine's: one round of several requests' calls in one call (None: each request's alone).
+        self.ragged_session = (create_session(str(folder / spec.ragged_file), provider, threads, spin=False)[0]
+                               if spec.ragged_file else None)
+        self.ragged_rows = spec.ragged_rows if spec.ragged_file else 0
+        self.ragged_calls = 0
+        # The fewest feeds one ragged call serves faster than their calls alone: timed at the first call of
+        # several (the graph's idle rows cost too: SmolLM2's int8 head, 2 threads, pays from 3-4 feeds).
+        self.ragged_from: int | None = None
+
+    def run_feed(self, feed: HeadFeed) -> HeadOutput:
+        """Return one request's call, made alone (the batch-1 graph)."""
+        logits, features, key, value = self.run(feed.hidden, feed.token_ids, feed.start, feed.past_key,
+                                                feed.past_value)
+        return HeadOutput(logits[-1], features, key, value)
+
+    def run_rows(self, feeds: list[HeadFeed]) -> list[HeadOutput]:
+        """Return every feed's call: the ragged-rows graph's, `ragged_rows` feeds a call (each row equal to its
+        batch-1 call, checked at distill), or one call each where the head has no such graph or one feed is left."""
+        if self.ragged_session is None or len(feeds) < 2:
+            return [self.run_feed(feed) for feed in feeds]
+        if self.ragged_from is None:
+            self.ragged_from = self._time_ragged_calls()
+        outputs: list[HeadOutput] = []
+        for first in range(0, len(feeds), self.ragged_rows):
+            group = feeds[first:first + self.ragged_rows]
+            outputs += (self._ragged_call(group) if len(group) >= self.ragged_from
+                        else [self.run_feed(feed) for feed in group])
+        return outputs
+
+    def _time_ragged_calls(self, past: int = 64, repeats: int = 3) -> int:
+        """Return the fewest one-pair feeds (of `past` positions each) that one ragged call serves faster than
+        their calls alone, best of `repeats` each (ragged_rows + 1 where none does)."""
+        shape = (1, self.spec.num_kv_heads, past, self.spec.head_dim)
+        feed = HeadFeed(np.zeros((1, self.feature_width), np.float32), [int(self.subset[0])], past,
+                        np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+        calls = self.ragged_calls
+        for count in range(2, self.ragged_rows + 1):
+            alone = shared = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for _ in range(count):
+                    self.run_feed(feed)
+                alone = min(alone, time.perf_counter() - start)
+                start = time.perf_counter()
+                self._ragged_call([feed] * count)
+                shared = min(shared, time.perf_counter() - start)
+            if shared < alone:
+                self.ragged_calls = calls
+                return count
+        self.ragged_calls = calls
+        return self.ragged_rows + 1
+
+    def _ragged_call(self, feeds: list[HeadFeed]) -> list[HeadOutput]:
+        # An idle row feeds no pairs over one zero position: a zero-length past and query would meet
+        # Reshapes that read a 0 as "keep this dimension"
+        idle = np.zeros((1, self.spec.num_kv_heads, 1, self.spec.head_dim), np.float32)
+        counts = [len(f.token_ids) for f in feeds] + [0] * (self.ragged_rows - len(feeds))
+        inputs = {"hidden": np.concatenate([f.hidden for f in feeds]).astype(np.float32, copy=False)[None],
+                  "input_ids": np.asarray([[t for f in feeds for t in f.token_ids]], np.int64),
+                  "position_ids": np.concatenate([np.arange(f.start, f.start + len(f.token_ids)) for f in feeds])
+                  .astype(np.int64)[None],
+                  "row_tokens": np.asarray(counts, np.int64)}
+        for r in range(self.ragged_rows):
+            feed = feeds[r] if r < len(feeds) else None
+            inputs[f"past_key.{r}"] = feed.past_key if feed is not None else idle
+            inputs[f"past_value.{r}"] = feed.past_value if feed is not None else idle
+        logits, features, *presents = self.ragged_session.run(None, inputs)
+        self.ragged_calls += 1
+        ends = np.cumsum(counts)
+        return [HeadOutput(logits[r], features[0, ends[r] - counts[r]:ends[r]], presents[2 * r], presents[2 * r + 1])
+                for r in range(len(feeds))]
 
     def run(self, hidden: np.ndarray, token_ids: list[int], start: int, past_key: np.ndarray,
             past_value: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -124,27 +220,37 @@ class EagleDrafter:
         """Return "eagle": one acceptance estimate for all its proposals."""
         return "eagle"
 
-    def _run(self, hidden: np.ndarray, tokens: list[int], start: int) -> tuple[np.ndarray, np.ndarray]:
-        t0 = time.perf_counter()
-        logits, features, self.key, self.value = self.head.run(hidden, tokens, start, self.key, self.value)
-        elapsed = time.perf_counter() - t0
+    def count_call(self, pairs: int, seconds: float) -> None:
+        """Count one head call over `pairs` pairs that took (or whose share of a shared call was) `seconds`."""
         self._calls += 1
-        self._seconds += elapsed
-        if len(tokens) == 1:
-            self._step_seconds += elapsed
+        self._seconds += seconds
+        if pairs == 1:
+            self._step_seconds += seconds
             self._steps += 1
-        return logits[-1], features[-1]
+
+    def _call_alone(self, feed: HeadFeed) -> HeadOutput:
+        start = time.perf_counter()
+        output = self.head.run_feed(feed)
+        self.count_call(len(feed.token_ids), time.perf_counter() - start)
+        return output
 
     def propose(self, context: list[int], k: int) -> Proposal:
         """Return k tokens drafted one at a time, with their processed q rows (None under greedy)."""
+        return run_draft_calls(self.draft_calls(context, k), self._call_alone)
+
+    def draft_calls(self, context: list[int], k: int) -> Generator[HeadFeed, HeadOutput, Proposal]:
+        """Yield each head call's HeadFeed, receive its HeadOutput; return the Proposal. `propose` makes the calls
+        one by one; the batch engine makes every drafting request's calls of a round together (`run_rows`)."""
         pending = self._pending
         if pending is None or self.length + len(pending) != len(context) - 1:
             raise RuntimeError(f"eagle drafter out of step: {self.length} pairs + "
                                f"{0 if pending is None else len(pending)} pending for a context of {len(context)}")
         # Pairs (f_j, t_{j+1}) for the newly committed positions j; the last one predicts context[-1]'s feature.
-        logits, feature = self._run(pending, context[self.length + 1:], self.length)
+        output = yield HeadFeed(pending, context[self.length + 1:], self.length, self.key, self.value)
+        self.key, self.value = output.key, output.value
         self.length += len(pending)
         self._pending = None
+        logits, feature = output.logits, output.features[-1]
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for i in range(k):
@@ -160,7 +266,10 @@ class EagleDrafter:
                 rows.append(q)
             tokens.append(token)
             if i + 1 < k:
-                logits, feature = self._run(self.head.own_feature(feature), [token], len(context) - 1 + i)
+                output = yield HeadFeed(self.head.own_feature(feature), [token], len(context) - 1 + i, self.key,
+                                        self.value)
+                self.key, self.value = output.key, output.value
+                logits, feature = output.logits, output.features[-1]
         return Proposal(tokens, np.stack(rows) if rows else None)
 
     def accept(self, context: list[int], target_hidden: np.ndarray | None = None) -> None:

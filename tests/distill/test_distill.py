@@ -234,14 +234,14 @@ def test_distill_writes_a_head_the_manifest_describes(distilled_artifact):
     assert record["head_weights"]["weights"] == "int8" and record["head_weights"]["constant_matmuls_left_fp32"] == 0
     import onnx
 
-    ops = {node.op_type for node in onnx.load(str(distilled_artifact / head.graph_file)).graph.node}
-    assert "MatMulNBits" in ops
+    for graph in (head.graph_file, head.ragged_file):  # the batch engine's ragged-rows head as well
+        assert "MatMulNBits" in {node.op_type for node in onnx.load(str(distilled_artifact / graph)).graph.node}
     assert record["data"]["answer_tokens"] > 0 and record["heldout_acceptance"]["positions"] > 0
     assert record["data"]["self_written_turns_drafted"] == 0  # one chunk of 16 prompts: templates only
     assert manifest.validation["target_hidden"]["max_hidden_diff"] < 1e-3
     # Only the files the manifest names are left: the untapped graph is gone.
-    listed = set(manifest.tokenizer.files) | set(head.files) | {f for g in manifest.graphs() for f in g.files} | {
-        g.ragged_file for g in manifest.graphs() if g.ragged_file}
+    listed = set(manifest.tokenizer.files) | set(head.files) | {head.ragged_file} | {
+        f for g in manifest.graphs() for f in g.files} | {g.ragged_file for g in manifest.graphs() if g.ragged_file}
     on_disk = {str(p.relative_to(distilled_artifact)) for p in distilled_artifact.rglob("*") if p.is_file()}
     assert on_disk - listed == {"specdec.json"}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import onnx
 import pytest
 
@@ -21,13 +22,80 @@ from tests.runtime.test_batch import _burst, _concurrently, _taken_slots
 
 @pytest.fixture(scope="module")
 def engine(distilled_artifact):
-    return Engine.load(distilled_artifact, provider="cpu", threads=1)
+    engine = Engine.load(distilled_artifact, provider="cpu", threads=1)
+    engine.eagle.ragged_from = 2  # every round of 2+ head calls shares one call (timed on the tiny head: any)
+    return engine
 
 
 def test_distill_taps_the_ragged_rows_graph_whose_rows_equal_batch_1_calls(distilled_artifact):
     manifest = load_manifest(distilled_artifact)
     assert manifest.target.ragged_file.endswith(".hidden.onnx") and manifest.target.ragged_file in manifest.target.sha256
     assert manifest.validation["target_hidden"]["ragged_rows_max_diff"] == 0.0
+
+
+def _head_feeds(head, counts, seed=0):
+    """Return HeadFeeds of `counts` pairs each over random pasts of different lengths."""
+    from specdec.runtime.eagle import HeadFeed
+
+    rng = np.random.default_rng(seed)
+    spec = head.spec
+    return [HeadFeed(rng.standard_normal((n, head.feature_width)).astype(np.float32),
+                     [int(t) for t in rng.choice(head.subset, n)], past,
+                     rng.standard_normal((1, spec.num_kv_heads, past, spec.head_dim)).astype(np.float32),
+                     rng.standard_normal((1, spec.num_kv_heads, past, spec.head_dim)).astype(np.float32))
+            for n, past in zip(counts, [0, 5, 2, 9, 1, 7, 3, 4, 6, 8, 11])]
+
+
+def test_distill_writes_a_ragged_head_whose_rows_equal_each_requests_own_call(engine, distilled_artifact):
+    """The head's ragged-rows graph gives every request what its own call gives, to the bit: logits, features and
+    presents, with idle rows (fewer requests than rows) and more requests than rows (two calls)."""
+    spec = load_manifest(distilled_artifact).feature_draft
+    head = engine.eagle
+    assert spec.ragged_file in spec.sha256 and spec.ragged_rows == engine.target.spec.ragged_rows
+    assert head.ragged_session is not None
+    for counts in ([1, 1], [4, 1, 2], [1] * spec.ragged_rows, [3, 1, 1, 2, 1, 1, 1, 2, 1, 5]):
+        feeds = _head_feeds(head, counts)
+        calls = head.ragged_calls
+        shared = head.run_rows(feeds)
+        assert head.ragged_calls - calls == -(-len(counts) // spec.ragged_rows)
+        for got, feed in zip(shared, feeds):
+            alone = head.run_feed(feed)
+            for a, b in ((got.logits, alone.logits), (got.features, alone.features), (got.key, alone.key),
+                         (got.value, alone.value)):
+                assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_head_calls_share_a_call_only_from_the_count_where_it_was_timed_faster(distilled_artifact):
+    head = Engine.load(distilled_artifact, provider="cpu", threads=1).eagle
+    assert head.ragged_from is None
+    head.run_rows(_head_feeds(head, [1, 1]))
+    assert 2 <= head.ragged_from <= head.ragged_rows + 1  # timed at the first call of several
+    for count in range(2, head.ragged_rows + 1):
+        calls = head.ragged_calls
+        head.run_rows(_head_feeds(head, [1] * count))
+        assert head.ragged_calls - calls == (count >= head.ragged_from), count
+
+
+def test_a_head_distilled_before_its_ragged_graph_drafts_one_call_each_under_load(distilled_artifact, tmp_path):
+    folder = tmp_path / "art"
+    shutil.copytree(distilled_artifact, folder)
+    manifest = json.loads((folder / MANIFEST_FILENAME).read_text())
+    ragged = manifest["feature_draft"].pop("ragged_file")
+    manifest["feature_draft"].pop("ragged_rows")
+    del manifest["feature_draft"]["sha256"][ragged]
+    (folder / MANIFEST_FILENAME).write_text(json.dumps(manifest))
+    old = Engine.load(folder, provider="cpu", threads=1)
+    assert old.eagle.ragged_session is None
+    prompts = (_prompts(old) * 2)[:4]
+    reference = [old.generate(p, GenerationConfig(max_new_tokens=16, drafter="none")).token_ids for p in prompts]
+    batch = BatchEngine(old, max_batch=8, kv_capacity=256)
+    try:
+        results = _concurrently(batch, prompts, [GenerationConfig(max_new_tokens=16, drafter="eagle",
+                                                                  num_draft_tokens=2)] * 4)
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference
+    assert batch.head_ragged_calls == 0 and sum(r.stats.drafted for r in results) > 0
 
 
 @pytest.mark.parametrize("clients", [4, 8])
@@ -43,7 +111,7 @@ def test_head_requests_under_load_give_each_prompts_target_only_greedy_text(engi
     finally:
         batch.shutdown()
     assert [r.token_ids for r in results] == reference
-    assert batch.ragged_calls > 0
+    assert batch.ragged_calls > 0 and batch.head_ragged_calls > 0  # target rows and head calls both shared
     heads = [r for r, c in zip(results, configs) if c.drafter == "eagle"]
     assert sum(r.stats.drafted for r in heads) > 0 and sum(r.stats.accepted for r in heads) > 0
 
@@ -114,6 +182,7 @@ def test_sampled_head_requests_under_batching_keep_the_targets_distribution(engi
     finally:
         batch.shutdown()
     assert batch.ragged_calls > 0 and 0 < accepted < drafted  # drafts verified, some rejected (resampled)
+    assert batch.head_ragged_calls > 0  # heads drafted in shared calls
     assert set(observed) <= set(exact), "sampled a sequence the target gives zero probability"
     chi2, critical = _chi_square(observed, exact, sum(observed.values()))
     assert chi2 < critical, (chi2, critical)

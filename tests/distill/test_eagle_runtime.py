@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specdec.runtime.eagle import EagleDrafter
+from specdec.runtime.eagle import EagleDrafter, EagleHead
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
 
@@ -26,6 +26,8 @@ class FakeHead:
 
     def own_feature(self, feature):
         return feature[None]
+
+    run_feed = EagleHead.run_feed  # the real head's: one call through `run`
 
     def run(self, hidden, token_ids, start, past_key, past_value):
         self.calls.append((hidden[:, 0].tolist(), list(token_ids), start, past_key.shape[2]))

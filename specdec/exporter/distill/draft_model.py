@@ -154,12 +154,19 @@ class DraftHead(nn.Module):
 
         last_logits_only: logits for the last pair only (what a draft call reads); training scores every pair.
         """
+        residual, q, k, v = self.project(hidden, input_ids, position_ids)
+        attended, key, value = self.attend(q, k, v, past_key, past_value)
+        feature = self.finish(residual, attended)
+        return self.lm_head(feature[:, -1:] if last_logits_only else feature), feature, key, value
+
+    def project(self, hidden, input_ids, position_ids):
+        """Return (the residual [B, T, H], q [B, heads, T, d], k and v [B, kv_heads, T, d]) of the pairs fed,
+        rotary positions applied: every pair on its own, so a ragged call runs it once over all rows' pairs."""
         c = self.config
         batch, new = input_ids.shape
         if self.fuse is not None:
             hidden = hidden[..., : c.hidden_size] + self.fuse(hidden[..., c.hidden_size:])
         x = self.fc(torch.cat([hidden, self.embed(self.subset_index[input_ids])], dim=-1))
-        residual = x
         h = self.input_norm(x)
         q = self.q_proj(h).view(batch, new, c.num_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(batch, new, c.num_kv_heads, c.head_dim).transpose(1, 2)
@@ -167,8 +174,12 @@ class DraftHead(nn.Module):
         angles = position_ids[:, None, :, None].float() * self.inv_freq  # [B, 1, T, d/2]
         cos = torch.cat([angles.cos(), angles.cos()], dim=-1)
         sin = torch.cat([angles.sin(), angles.sin()], dim=-1)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        return x, q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def attend(self, q, k, v, past_key, past_value):
+        """Return (attention output [B, T, heads * d], present key, present value): causal over past + new."""
+        c = self.config
+        batch, new = q.shape[0], q.shape[2]
         key = torch.cat([past_key, k], dim=2)
         value = torch.cat([past_value, v], dim=2)
         groups = c.num_heads // c.num_kv_heads
@@ -180,11 +191,14 @@ class DraftHead(nn.Module):
         key_pos = torch.arange(key.shape[2], device=q.device)[None, :]
         scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
         attn = torch.matmul(torch.softmax(scores, dim=-1), value_all)
-        x = residual + self.o_proj(attn.transpose(1, 2).reshape(batch, new, c.num_heads * c.head_dim))
+        return attn.transpose(1, 2).reshape(batch, new, c.num_heads * c.head_dim), key, value
+
+    def finish(self, residual, attended):
+        """Return the features [B, T, H]: output projection, MLP and final norm, every pair on its own."""
+        x = residual + self.o_proj(attended)
         h = self.post_norm(x)
         x = x + self.down_proj(nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
-        feature = self.final_norm(x)
-        return self.lm_head(feature[:, -1:] if last_logits_only else feature), feature, key, value
+        return self.final_norm(x)
 
 
 class _DraftCall(nn.Module):

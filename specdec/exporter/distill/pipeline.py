@@ -416,18 +416,26 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
 def _write_head(artifact: Path, manifest: Manifest, target_spec: GraphSpec, hidden_report: dict, head,
                 subset: np.ndarray, training: dict, config: DistillConfig, progress: Progress) -> Manifest:
     from specdec.exporter.distill.draft_model import export_draft_onnx
+    from specdec.exporter.distill.ragged_head import RAGGED_HEAD_FILE, export_ragged_head
     from specdec.exporter.quantize import DRAFT_ACCURACY_LEVEL, quantize_graph
 
     staging = Path(tempfile.mkdtemp(prefix=".eagle-", dir=artifact))
+    rows = target_spec.ragged_rows if target_spec.ragged_file else 0
     try:
         export_draft_onnx(head, staging / "draft.onnx")
+        if rows:
+            export_ragged_head(head, staging / RAGGED_HEAD_FILE, rows)
         # A head call reads its weights from memory after every target call has flushed the caches:
         # int8 reads a third as many bytes (docs/DISTILL.md). Its q is whatever it outputs, so exactness holds.
         if config.head_weights == "int8":
             quantized = quantize_graph(staging / "draft.onnx", "int8", DRAFT_ACCURACY_LEVEL)
+            if rows:
+                quantize_graph(staging / RAGGED_HEAD_FILE, "int8", DRAFT_ACCURACY_LEVEL)
             training = {**training, "head_weights": {k: v for k, v in quantized.items() if not k.startswith("sha256")}}
         else:
             training = {**training, "head_weights": {"weights": "fp32"}}
+        if rows:
+            rows = _checked_ragged_head(staging, rows, head, progress)
         np.save(staging / "subset.npy", subset.astype(np.int64))
         digest = hashlib.sha256((staging / "draft.onnx").read_bytes()).hexdigest()[:12]
         folder = f"eagle-{digest}"
@@ -438,10 +446,13 @@ def _write_head(artifact: Path, manifest: Manifest, target_spec: GraphSpec, hidd
         shutil.rmtree(staging, ignore_errors=True)
         raise
     files = [f"{folder}/draft.onnx", f"{folder}/subset.npy"]
+    ragged_file = f"{folder}/{RAGGED_HEAD_FILE}" if rows else None
     spec = FeatureDraftSpec(
-        kind="eagle", files=files, sha256={f: sha256_of_file(artifact / f) for f in files},
+        kind="eagle", files=files,
+        sha256={f: sha256_of_file(artifact / f) for f in files + ([ragged_file] if ragged_file else [])},
         hidden_size=head.config.hidden_size, num_kv_heads=head.config.num_kv_heads, head_dim=head.config.head_dim,
-        vocab_subset=len(subset), target_graph_sha256=target_spec.sha256[target_spec.graph_file], training=training)
+        vocab_subset=len(subset), target_graph_sha256=target_spec.sha256[target_spec.graph_file], training=training,
+        ragged_file=ragged_file, ragged_rows=rows)
     # Written by this version (a tapped graph may have inputs an older runtime would not bind).
     updated = replace(manifest, version=MANIFEST_VERSION, target=target_spec, feature_draft=spec,
                       validation={**manifest.validation, "target_hidden": hidden_report})
@@ -465,6 +476,23 @@ def _write_head(artifact: Path, manifest: Manifest, target_spec: GraphSpec, hidd
              + ("" if pays else f" (the head's expected speedup {runtime.get('expected_speedup', 0.0):.2f}x does not pay; "
                                 "use it with --drafter eagle)"))
     return updated
+
+
+def _checked_ragged_head(staging: Path, rows: int, head, progress: Progress) -> int:
+    """Return `rows` where the staged ragged head's rows equal batch-1 calls of the staged head to the bit (at 1
+    and 2 threads), else delete it and return 0: its requests then draft one call each, as before."""
+    from specdec.exporter.distill.ragged_head import RAGGED_HEAD_FILE, ragged_head_difference
+
+    difference = max(ragged_head_difference(staging / "draft.onnx", staging / RAGGED_HEAD_FILE, rows,
+                                            head.feature_width, head.config.vocab_size, threads=threads)
+                     for threads in (1, 2))
+    if difference == 0.0:
+        progress(f"draft head: ragged-rows graph of {rows} rows, every row equal to its batch-1 call")
+        return rows
+    progress(f"draft head: the ragged-rows graph's rows differ from batch-1 calls (max |diff| {difference:.3g}); "
+             "left out: under load each request's head calls run alone")
+    (staging / RAGGED_HEAD_FILE).unlink()
+    return 0
 
 
 def _remove_unlisted(artifact: Path, old: Manifest, new: Manifest) -> None:
