@@ -100,6 +100,7 @@ class SlotArena:
         self._free = list(range(slots))
         self._releases = 0
         self.prefix_copies = 0  # prompts that took their prefix from another slot's KV
+        self.prefix_stashes = 0  # kept prefixes moved above the window before their slot was overwritten
         self._lock = threading.Lock()
 
     @property
@@ -179,10 +180,13 @@ class SlotArena:
             if best is None or shared < min_prefix or copied >= shared + min_prefix or (
                     empty and 2 * shared < len(prompt_ids) and len(self._caches[best].kept_ids) > shared):
                 shared = 0
-                # Keep the cached prefixes most likely to be asked for again: an empty slot, else the one
-                # given back longest ago. Without a prompt, the lowest slot (the batched calls' rows stay few).
-                best = min(free, key=lambda s: (bool(self._caches[s].kept_ids), self._caches[s].released)) \
-                    if prompt_ids else free[0]
+                # Keep the cached prefixes most likely to be asked for again: an empty slot, else one whose
+                # prefix another slot holds too, else the one given back longest ago. Without a prompt, the
+                # lowest slot (the batched calls' rows stay few).
+                best = min(free, key=lambda s: (self._holds_only_copy(s, min_prefix), bool(self._caches[s].kept_ids),
+                                                self._caches[s].released)) if prompt_ids else free[0]
+            if self.keep_prefixes:
+                self._stash(best, window, shared, min_prefix)
             self._free.remove(best)
             heapq.heapify(self._free)
         cache = self._caches[best]
@@ -198,6 +202,39 @@ class SlotArena:
             buffer[slot, :, :positions] = buffer[source, :, :positions]
         self.prefix_copies += 1
         return positions
+
+    def _holds_only_copy(self, slot: int, slack: int) -> bool:
+        """Return whether slot `slot` keeps a prefix no other slot holds (all of it but `slack` last tokens at
+        most). Call with the lock held."""
+        kept = self._caches[slot].kept_ids
+        need = len(kept) - slack
+        if need < 1:
+            return False
+        head = kept[:need]
+        return not any(other != slot and tuple(_valid_ids(self._caches[other])[:need]) == head
+                       for other in range(self.slots))
+
+    def _stash(self, slot: int, window: int, shared: int, min_prefix: int) -> None:
+        """Before a request that reuses `shared` of its tokens overwrites free slot `slot`, copy the prefix the
+        slot keeps (where the request keeps under half of it and no other slot holds it) into a free slot outside
+        the window that keeps nothing or an older prefix, so a later prompt copies it back instead of prefilling
+        it. Slots above the window take no new requests under a light load (`BatchEngine._slot_window`); this
+        keeps them useful. Call with the lock held."""
+        victim = self._caches[slot]
+        if not self.copies_prefixes or 2 * shared >= len(victim.kept_ids) or len(victim.kept_ids) < min_prefix or \
+                not self._holds_only_copy(slot, min_prefix):
+            return
+        spares = [s for s in self._free if s >= window and s != slot]
+        if not spares:
+            return
+        spare = min(spares, key=lambda s: (bool(self._caches[s].kept_ids), self._caches[s].released))
+        held = self._caches[spare]
+        if held.kept_ids and held.released > victim.released:
+            return  # every spare keeps a prefix given back more recently than this one
+        for buffer in self.host_buffers:
+            buffer[spare, :, :len(victim.kept_ids)] = buffer[slot, :, :len(victim.kept_ids)]
+        held.kept_ids, held.released = victim.kept_ids, victim.released
+        self.prefix_stashes += 1
 
     def ragged_rows(self, fed: dict[int, tuple[KVCache, list[int]]]
                     ) -> tuple[list[KVCache | None], list[list[int]], list[int]]:

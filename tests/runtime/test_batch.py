@@ -696,3 +696,70 @@ def test_the_slot_window_follows_the_load_between_the_ragged_rows_and_all_slots(
     finally:
         batch.shutdown()
     assert BatchEngine(engine, max_batch=rows, kv_capacity=64)._slot_window() == rows
+
+
+def _filled(arena, cache, ids, rng):
+    """Give `cache` the tokens `ids` with random KV in its positions (as a prefill would); return one buffer's
+    rows of them."""
+    cache.token_ids = list(ids)
+    for buffer in arena.host_buffers:
+        buffer[cache.slot, :, :len(ids)] = rng.standard_normal(buffer[cache.slot, :, :len(ids)].shape)
+    return arena.host_buffers[0][cache.slot, :, :len(ids)].copy()
+
+
+def test_a_prefix_evicted_below_the_window_is_stashed_above_it_and_copied_back(engine):
+    """Under a light load new requests take slots below the window only; a cached prompt they overwrite there is
+    first copied into a free slot above it (KV and tokens), from where a later prompt copies it back instead of
+    prefilling it. A prefix another slot holds too is overwritten first and not stashed."""
+    from specdec.runtime.slots import SlotArena
+
+    rng = np.random.default_rng(0)
+    a, b, c = ([base + i for i in range(30)] for base in (100, 200, 300))
+    arena = SlotArena(engine.target, 4, 64, keep_prefixes=True)
+    first = arena.take(a, window=2)
+    rows_a = _filled(arena, first, a, rng)
+    arena.give(first)
+    second = arena.take(b, window=2)
+    assert second.slot == 1  # an empty slot before the one that keeps a
+    _filled(arena, second, b, rng)
+    arena.give(second)
+    third = arena.take(c, window=2)  # both slots below the window keep a prompt: a's, given back first, goes
+    assert third.slot == 0 and arena.prefix_stashes == 1
+    spare = next(s for s in (2, 3) if arena._caches[s].kept_ids)
+    assert arena._caches[spare].kept_ids == tuple(a)
+    assert np.array_equal(arena.host_buffers[0][spare, :, :30], rows_a)
+    _filled(arena, third, c, rng)
+    arena.give(third)
+    again = arena.take(a, window=2)
+    assert again.slot == 1 and again.length == len(a) - 1  # copied back from above the window: no prefill
+    assert np.array_equal(arena.host_buffers[0][1, :, :29], rows_a[:, :29])
+    assert arena.prefix_stashes == 2  # b, overwritten by it, went above the window in turn
+
+    # Two slots keeping the same prompt: one of them is overwritten before a prompt no other slot keeps.
+    arena = SlotArena(engine.target, 3, 64, keep_prefixes=True)
+    caches = [arena.take() for _ in range(3)]
+    for cache, ids in zip(caches, (b, a, a)):  # b given back first (the oldest), then a twice
+        _filled(arena, cache, ids, rng)
+        arena.give(cache)
+    assert arena.take(c).slot == 1 and arena._caches[0].kept_ids == tuple(b)
+
+
+def test_a_light_load_cycling_through_more_prompts_than_slots_below_the_window_reuses_stashed_prefixes(engine):
+    from specdec.runtime.slots import MIN_PREFIX
+
+    rows = engine.target.spec.ragged_rows
+    prompts = [engine.prompt_ids(f"{p} " * 5) for p in PROMPT_SET[: rows + 4]]  # more prompts than the window
+    reference = [engine.generate(p, GenerationConfig(max_new_tokens=6, drafter="none")).token_ids for p in prompts]
+    config = GenerationConfig(max_new_tokens=6, drafter="none")
+    batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=256, prefix_cache=True)
+    try:
+        first = [batch.generate(p, config).token_ids for p in prompts]  # one at a time: the window stays at R
+        reused = batch.prefix_tokens_reused
+        second = [batch.generate(p, config).token_ids for p in prompts]
+    finally:
+        batch.shutdown()
+    assert first == reference and second == reference
+    # every prompt of the second pass found its prefix (all of it but the last token, which the prefill feeds):
+    # in its slot, or copied back from above the window; a prompt shorter than MIN_PREFIX is prefilled anyway
+    assert batch.prefix_tokens_reused - reused == sum(len(p) - 1 for p in prompts if len(p) > MIN_PREFIX)
+    assert batch.arena.prefix_stashes > 0
