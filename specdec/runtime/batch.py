@@ -170,6 +170,7 @@ class BatchEngine:
         # another shape, so a logit may round differently at the last bit and flip a near-tie argmax.
         self.prefix_cache = prefix_cache
         self.prefix_tokens_reused = 0
+        self.prefix_tokens_queried = 0  # prompt tokens of the requests admitted with the prefix cache on
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._admitting: list[_Request] = []  # dequeued this round, not yet running: a scheduler error reaches them
@@ -377,6 +378,7 @@ class BatchEngine:
                         group = []
                 request.cache = self.arena.take(prompt if self.prefix_cache else None, window=window)
                 self.prefix_tokens_reused += request.cache.length
+                self.prefix_tokens_queried += len(prompt) if self.prefix_cache else 0
                 group.append(request)
             self._prefill_all(group)
             self._admitting = []

@@ -127,13 +127,15 @@ class ServerState:
         return self.batch or self.engine
 
     def update_load(self) -> None:
-        """Refresh the running/waiting gauges (the batch engine's slots and queue, else admission's counts) and the
-        KV usage."""
+        """Refresh the running/waiting gauges (the batch engine's slots and queue, else admission's counts), the
+        KV usage and the prefix-cache counters."""
         if self.batch is None:
             self.metrics.set_load(self.admission.running, self.admission.waiting, None)
             return
         self.metrics.set_load(self.batch.num_running, self.admission.waiting + self.batch.num_waiting,
                               self.batch.kv_usage)
+        if self.batch.prefix_cache:
+            self.metrics.set_prefix_cache(self.batch.prefix_tokens_queried, self.batch.prefix_tokens_reused)
 
 
 def create_app(config: ServeConfig, engine: Engine | None = None, load_in_background: bool = True,

@@ -59,6 +59,12 @@ class ServerMetrics:
         self.accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                         "Drafts accepted at each draft position (0 = first drafted token).",
                                         label + ["position"], registry=registry)
+        # vLLM V1's prefix-cache counters, in prompt tokens (--prefix-cache: hits are positions not prefilled)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                      label, registry=registry)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens whose KV the prefix cache held.", label,
+                                   registry=registry)
+        self._prefix_counted = (0, 0)
         for metric in (self.running, self.waiting, self.prompt_tokens, self.generation_tokens, self.drafts,
                        self.draft_tokens, self.accepted_tokens):
             metric.labels(model_name)  # present at 0 from the start, as dashboards expect
@@ -96,6 +102,13 @@ class ServerMetrics:
         self.running.labels(self.model).set(running)
         self.waiting.labels(self.model).set(waiting)
         self._load = (running, waiting)
+
+    def set_prefix_cache(self, queried: int, hits: int) -> None:
+        """Bring the prefix-cache counters up to the batch engine's totals (prompt tokens looked up, reused)."""
+        counted_queries, counted_hits = self._prefix_counted
+        self.prefix_queries.labels(self.model).inc(max(queried - counted_queries, 0))
+        self.prefix_hits.labels(self.model).inc(max(hits - counted_hits, 0))
+        self._prefix_counted = (max(queried, counted_queries), max(hits, counted_hits))
 
     def exposition(self) -> bytes:
         """Return the Prometheus text: prometheus_client's metrics, then llama.cpp's hand-written lines."""

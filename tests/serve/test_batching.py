@@ -45,6 +45,20 @@ def test_eight_streamed_chats_share_calls_and_each_gets_its_own_greedy_answer(se
         assert server.state.batch.arena.used == 0
 
 
+def test_the_prefix_cache_counts_prompt_tokens_looked_up_and_held_under_vllms_names(serve_engine, serve_artifact):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "one, two, three, one, two, three, four"}],
+            "max_tokens": 4, "temperature": 0}
+    with live_server(serve_engine, serve_artifact, max_batch=2, kv_capacity=256, prefix_cache=True) as server:
+        assert server.metric("vllm:prefix_cache_queries_total", model_name=MODEL) == 0
+        assert httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+        prompt = server.metric("vllm:prefix_cache_queries_total", model_name=MODEL)
+        assert prompt > 16 and server.metric("vllm:prefix_cache_hits_total", model_name=MODEL) == 0
+        assert httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+        assert server.metric("vllm:prefix_cache_queries_total", model_name=MODEL) == 2 * prompt
+        # the same prompt again: all of it but the last token, which the prefill feeds, was held
+        assert server.metric("vllm:prefix_cache_hits_total", model_name=MODEL) == prompt - 1
+
+
 def test_a_request_that_cannot_fit_a_kv_slot_gets_a_400_naming_the_capacity(serve_engine, serve_artifact):
     with live_server(serve_engine, serve_artifact, max_batch=2, kv_capacity=64) as server:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 200}
