@@ -302,6 +302,13 @@ def rounds(servers: Sequence[str], drafters: Sequence[str], concurrency: Sequenc
                 yield c, repeat, server, drafter
 
 
+def round_sizes(requests: int, repeats: int, clients: int, min_waves: int = 1) -> list[int]:
+    """Return the requests of each round of a cell: `requests` split over `repeats` rounds, but at least
+    `min_waves` x `clients` a round."""
+    return [max(requests // repeats + (1 if r < requests % repeats else 0), min_waves * clients)
+            for r in range(repeats)]
+
+
 def mismatches(cells: Sequence[Cell]) -> list[str]:
     """Return the prompt ids whose greedy texts differ between any two cells (drafters, servers)."""
     texts: dict[str, set[str]] = {}
@@ -381,6 +388,9 @@ def _csv(kind: type, text: str, name: str) -> list:
               help="Requests per cell (server x drafter x concurrency), split over --rounds.")
 @click.option("--rounds", "repeats", type=click.IntRange(min=1), default=2, show_default=True,
               help="Rounds per concurrency; each round runs every server x drafter once, alternating.")
+@click.option("--min-waves", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Each round sends at least this many requests per client: a round of one wave (16 requests "
+                   "for 16 clients) is one burst and its tail, a few seconds that the box's noise dominates.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="max_tokens of every request.")
 @click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), default=None,
@@ -392,18 +402,19 @@ def _csv(kind: type, text: str, name: str) -> list:
               help="Folder for serve_load.json (every request) and serve_load.md (the table).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summaries as JSON instead of the table.")
 def main(artifact, servers, urls, plain, plot_path, generations, concurrency, drafters, num_draft_tokens, requests,
-         repeats, max_tokens, prompts_path, model, time_limit, output, as_json) -> None:
+         repeats, min_waves, max_tokens, prompts_path, model, time_limit, output, as_json) -> None:
     """Drive specdec serve (and other OpenAI servers) with concurrent streaming clients on loopback; print
     throughput and latency."""
     try:
         _main(artifact, servers, urls, generations, concurrency, drafters, num_draft_tokens, requests, repeats,
-              max_tokens, prompts_path, model, time_limit, output, as_json, plain, plot_path)
+              max_tokens, prompts_path, model, time_limit, output, as_json, plain, plot_path, min_waves)
     except SpecdecError as err:
         raise click.ClickException(str(err)) from None
 
 
 def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft_tokens, requests, repeats,
-          max_tokens, prompts_path, model, time_limit, output, as_json, plain=(), plot_path=None) -> None:
+          max_tokens, prompts_path, model, time_limit, output, as_json, plain=(), plot_path=None,
+          min_waves=1) -> None:
     clients = _csv(int, concurrency, "--concurrency")
     if min(clients) < 1:
         raise click.BadParameter("client counts must be >= 1", param_hint="--concurrency")
@@ -423,7 +434,6 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
     if kinds and not artifact:
         raise click.UsageError("give ARTIFACT to start servers, or --url for running ones")
     cores = os.cpu_count() or 1
-    per_round = [requests // repeats + (1 if r < requests % repeats else 0) for r in range(repeats)]
     started = time.monotonic()
     load_before = _loadavg()
     cells: dict[tuple[str, str, int], Cell] = {}
@@ -451,7 +461,8 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
             process = started_here.get(name)
             cpu_before = process.cpu_seconds() if process else None
             # rounds start at different prompts, so each round's first requests are not always the same ones
-            records, seconds = asyncio.run(run_round(targets[name], model, cases, drafter, c, per_round[repeat],
+            records, seconds = asyncio.run(run_round(targets[name], model, cases, drafter, c,
+                                                     round_sizes(requests, repeats, c, min_waves)[repeat],
                                                      repeat * c, max_tokens, num_draft_tokens, name in plain))
             cell.records += records
             cell.seconds += seconds
@@ -472,7 +483,8 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
                      "each); " if kinds else "servers started by the caller, as configured there; ")
                   + f"{len(cases)} prompts "
                   f"({Path(prompts_path or PROMPTS_FILE).name}), streamed greedy chat completions, max_tokens "
-                  f"{max_tokens}; {requests} requests per cell in {repeats} alternating rounds; closed-loop clients; "
+                  f"{max_tokens}; {requests} requests per cell in {repeats} alternating rounds"
+                  + (f" (at least {min_waves} per client a round)" if min_waves > 1 else "") + "; closed-loop clients; "
                   f"machine load average {load_before} at the start, {_loadavg()} at the end"),
         "command": " ".join(["python -m specdec.benchmarks.serve_load", *sys.argv[1:]]),
         "equal_texts": "yes" if not differ else f"no: prompts {', '.join(differ)} differ",

@@ -66,7 +66,7 @@ class ServerMetrics:
                                    registry=registry)
         self._prefix_counted = (0, 0)
         for metric in (self.running, self.waiting, self.prompt_tokens, self.generation_tokens, self.drafts,
-                       self.draft_tokens, self.accepted_tokens):
+                       self.draft_tokens, self.accepted_tokens, self.prefix_queries, self.prefix_hits):
             metric.labels(model_name)  # present at 0 from the start, as dashboards expect
         self._spec_lock = threading.Lock()
         self._spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0}

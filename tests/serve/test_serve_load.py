@@ -24,6 +24,14 @@ def test_loopback_only():
     assert result.exit_code == 1 and "loopback" in result.output and "Traceback" not in result.output
 
 
+def test_rounds_split_a_cells_requests_but_send_at_least_the_waves_asked_per_client():
+    assert serve_load.round_sizes(32, 2, 4) == [16, 16]
+    assert serve_load.round_sizes(33, 2, 4) == [17, 16]
+    assert serve_load.round_sizes(32, 2, 16) == [16, 16]  # one wave of 16 clients a round
+    assert serve_load.round_sizes(32, 2, 16, min_waves=2) == [32, 32]
+    assert serve_load.round_sizes(32, 2, 4, min_waves=2) == [16, 16]
+
+
 def test_summary_figures_by_hand():
     cell = Cell("s", "ngram", 2, seconds=4.0, records=[
         Record("a", ok=True, ttft=0.1, e2e=1.0, tokens=10, target_calls=5, drafted=12, accepted=6),

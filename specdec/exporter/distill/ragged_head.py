@@ -6,8 +6,9 @@ one token axis ([1, N]: every projection, the MLP and the LM head read their wei
 them) and runs attention per row: row r takes its `row_tokens[r]` pairs, its own past (`past_key.<r>`,
 `past_value.<r>`) and returns its own presents, so a row computes what its batch-1 call computes. The
 logits are each row's last pair's ([R, subset]); a row with no pairs (fewer requests than R) costs no
-MatMul row and its logits row is meaningless (the runtime gives it one zero position of past). `write_ragged_head` exports it from the trained head and
-keeps it only where every row equals its batch-1 call to the bit (the seed-for-seed promise under load).
+MatMul row, its logits row is meaningless, and the runtime gives it one zero position of past. `specdec
+distill` exports it from the trained head (`export_ragged_head`) and keeps it only where every row equals
+its batch-1 call to the bit (`ragged_head_difference`: the seed-for-seed promise under load).
 """
 
 from __future__ import annotations
