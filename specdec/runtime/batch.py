@@ -99,24 +99,17 @@ def _cautious_alpha(estimate) -> float:
     return min(estimate.alpha, record)
 
 
-def _model_side(drafter: Drafter | None) -> ModelDrafter | None:
-    """Return the draft model that drafts for `drafter` (itself, or a combined drafter's model side), if any."""
-    if isinstance(drafter, CombinedDrafter):
-        drafter = drafter.model
-    return drafter if isinstance(drafter, ModelDrafter) else None
-
-
-def _head_side(drafter: Drafter | None) -> EagleDrafter | None:
-    """Return the draft head that drafts for `drafter` (itself, or a combined drafter's other side), if any."""
-    if isinstance(drafter, CombinedDrafter):
-        drafter = drafter.model
-    return drafter if isinstance(drafter, EagleDrafter) else None
+def _side(drafter: Drafter | None, kind: type) -> Drafter | None:
+    """Return the drafter of type `kind` (a draft model, a draft head) that drafts for `drafter`: itself, or a
+    combined drafter's model side; None if neither is one."""
+    side = drafter.model if isinstance(drafter, CombinedDrafter) else drafter
+    return side if isinstance(side, kind) else None
 
 
 def _draft_lag(state: DecodeState, situation: str | None) -> int:
     """Return the committed tokens a request's draft model has not read yet, where the model would draft next
     (0 for prompt lookup, which reads nothing)."""
-    model = _model_side(state.drafter)
+    model = _side(state.drafter, ModelDrafter)
     if model is None or (isinstance(state.drafter, CombinedDrafter) and not (situation or "").startswith("model")):
         return 0
     return len(state.context) - model.cache.length
@@ -125,7 +118,7 @@ def _draft_lag(state: DecodeState, situation: str | None) -> int:
 def _drafts_free(state: DecodeState, situation: str | None) -> bool:
     """Return whether the request's next drafts come from prompt lookup (n-gram, phrase table), which costs
     nothing to ask and reads no model, rather than a draft model."""
-    if _model_side(state.drafter) is None:
+    if _side(state.drafter, ModelDrafter) is None:
         return not state.hidden
     return isinstance(state.drafter, CombinedDrafter) and not (situation or "").startswith("model")
 
@@ -464,7 +457,7 @@ class BatchEngine:
         """Start a request that took a slot: tell its caller, give its draft model the slot's draft KV."""
         if request.on_start is not None:
             request.on_start()
-        model = _model_side(request.opened.state.drafter)
+        model = _side(request.opened.state.drafter, ModelDrafter)
         if model is not None and self.draft_arena is not None:
             model.cache = self.draft_arena.cache_at(request.cache.slot, request.opened.state.request.prompt_ids)
         cache = request.cache
@@ -517,7 +510,7 @@ class BatchEngine:
             if i in looked_up:
                 proposals[i] = _first(looked_up[i], k)
                 continue
-            model, head = _model_side(state.drafter), _head_side(state.drafter)
+            model, head = _side(state.drafter, ModelDrafter), _side(state.drafter, EagleDrafter)
             if k and model is not None and self.draft_arena is not None and \
                     request.cache.slot < self.draft_arena.ragged_span:
                 pending = by_model
@@ -556,7 +549,7 @@ class BatchEngine:
     def _model_round(self, running: list[_Request], pending: dict) -> dict[int, np.ndarray]:
         """Return each pending request's last logits row of its draft model's call: one ragged-rows call."""
         session = self.engine.draft
-        models = {i: _model_side(running[i].opened.state.drafter) for i in pending}
+        models = {i: _side(running[i].opened.state.drafter, ModelDrafter) for i in pending}
         if len(pending) == 1:
             (i, (_, feed)), = pending.items()
             return {i: session.forward(models[i].cache, feed, logits_rows=1)[-1]}
@@ -577,11 +570,11 @@ class BatchEngine:
     @staticmethod
     def _count_draft_call(request: _Request, fed, seconds: float, shared: bool) -> None:
         drafter = request.opened.state.drafter
-        head = _head_side(drafter)
+        head = _side(drafter, EagleDrafter)
         if head is not None:
             head.count_call(len(fed.token_ids), seconds)
         elif shared:  # a draft model's batch-1 call counted itself
-            _model_side(drafter).cache.count_call(seconds)
+            _side(drafter, ModelDrafter).cache.count_call(seconds)
 
     def _batched_call(self, running, plans, proposals, plain: list[int], step_start: float) -> None:
         states = [running[i].opened.state for i in plain]
@@ -725,7 +718,7 @@ class BatchEngine:
 
     def _release(self, request: _Request) -> None:
         cache = request.cache
-        model = _model_side(request.opened.state.drafter)
+        model = _side(request.opened.state.drafter, ModelDrafter)
         if cache is not None and model is not None and self.draft_arena is not None:
             self.draft_arena.free(model.cache)  # without the prefix cache its row then attends over nothing
         if cache is not None:

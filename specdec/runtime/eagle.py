@@ -117,22 +117,23 @@ class EagleHead:
         shape = (1, self.spec.num_kv_heads, past, self.spec.head_dim)
         feed = HeadFeed(np.zeros((1, self.feature_width), np.float32), [int(self.subset[0])], past,
                         np.zeros(shape, np.float32), np.zeros(shape, np.float32))
-        calls = self.ragged_calls
-        for count in range(2, self.ragged_rows + 1):
-            alone = shared = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                for _ in range(count):
-                    self.run_feed(feed)
-                alone = min(alone, time.perf_counter() - start)
-                start = time.perf_counter()
-                self._ragged_call([feed] * count)
-                shared = min(shared, time.perf_counter() - start)
-            if shared < alone:
-                self.ragged_calls = calls
-                return count
-        self.ragged_calls = calls
-        return self.ragged_rows + 1
+        calls = self.ragged_calls  # timing calls are not the engine's
+        try:
+            for count in range(2, self.ragged_rows + 1):
+                alone = shared = float("inf")
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    for _ in range(count):
+                        self.run_feed(feed)
+                    alone = min(alone, time.perf_counter() - start)
+                    start = time.perf_counter()
+                    self._ragged_call([feed] * count)
+                    shared = min(shared, time.perf_counter() - start)
+                if shared < alone:
+                    return count
+            return self.ragged_rows + 1
+        finally:
+            self.ragged_calls = calls
 
     def _ragged_call(self, feeds: list[HeadFeed]) -> list[HeadOutput]:
         # An idle row feeds no pairs over one zero position: a zero-length past and query would meet

@@ -197,11 +197,15 @@ class SlotArena:
         return cache
 
     def _copy_prefix(self, source: int, slot: int, positions: int) -> int:
-        """Copy the first `positions` of every KV buffer from slot `source` to slot `slot`; return `positions`."""
-        for buffer in self.host_buffers:
-            buffer[slot, :, :positions] = buffer[source, :, :positions]
+        """Copy a prompt's first `positions` from slot `source` into slot `slot`; return `positions`."""
+        self._copy_positions(source, slot, positions)
         self.prefix_copies += 1
         return positions
+
+    def _copy_positions(self, source: int, slot: int, positions: int) -> None:
+        """Copy the first `positions` of every KV buffer from slot `source` to slot `slot`."""
+        for buffer in self.host_buffers:
+            buffer[slot, :, :positions] = buffer[source, :, :positions]
 
     def _holds_only_copy(self, slot: int, slack: int) -> bool:
         """Return whether slot `slot` keeps a prefix no other slot holds (all of it but `slack` last tokens at
@@ -231,8 +235,7 @@ class SlotArena:
         held = self._caches[spare]
         if held.kept_ids and held.released > victim.released:
             return  # every spare keeps a prefix given back more recently than this one
-        for buffer in self.host_buffers:
-            buffer[spare, :, :len(victim.kept_ids)] = buffer[slot, :, :len(victim.kept_ids)]
+        self._copy_positions(slot, spare, len(victim.kept_ids))
         held.kept_ids, held.released = victim.kept_ids, victim.released
         self.prefix_stashes += 1
 
