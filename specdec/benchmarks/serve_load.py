@@ -302,7 +302,7 @@ def rounds(servers: Sequence[str], drafters: Sequence[str], concurrency: Sequenc
                 yield c, repeat, server, drafter
 
 
-def round_sizes(requests: int, repeats: int, clients: int, min_waves: int = 1) -> list[int]:
+def round_sizes(requests: int, repeats: int, clients: int, min_waves: int = 0) -> list[int]:
     """Return the requests of each round of a cell: `requests` split over `repeats` rounds, but at least
     `min_waves` x `clients` a round."""
     return [max(requests // repeats + (1 if r < requests % repeats else 0), min_waves * clients)
@@ -388,9 +388,10 @@ def _csv(kind: type, text: str, name: str) -> list:
               help="Requests per cell (server x drafter x concurrency), split over --rounds.")
 @click.option("--rounds", "repeats", type=click.IntRange(min=1), default=2, show_default=True,
               help="Rounds per concurrency; each round runs every server x drafter once, alternating.")
-@click.option("--min-waves", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Each round sends at least this many requests per client: a round of one wave (16 requests "
-                   "for 16 clients) is one burst and its tail, a few seconds that the box's noise dominates.")
+@click.option("--min-waves", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Each round sends at least this many requests per client (0: just its share of --requests): a "
+                   "round of one wave (16 requests for 16 clients) is one burst and its tail, a few seconds that "
+                   "the box's noise dominates.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="max_tokens of every request.")
 @click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), default=None,
@@ -414,7 +415,7 @@ def main(artifact, servers, urls, plain, plot_path, generations, concurrency, dr
 
 def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft_tokens, requests, repeats,
           max_tokens, prompts_path, model, time_limit, output, as_json, plain=(), plot_path=None,
-          min_waves=1) -> None:
+          min_waves=0) -> None:
     clients = _csv(int, concurrency, "--concurrency")
     if min(clients) < 1:
         raise click.BadParameter("client counts must be >= 1", param_hint="--concurrency")
@@ -484,7 +485,7 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
                   + f"{len(cases)} prompts "
                   f"({Path(prompts_path or PROMPTS_FILE).name}), streamed greedy chat completions, max_tokens "
                   f"{max_tokens}; {requests} requests per cell in {repeats} alternating rounds"
-                  + (f" (at least {min_waves} per client a round)" if min_waves > 1 else "") + "; closed-loop clients; "
+                  + (f" (at least {min_waves} per client a round)" if min_waves else "") + "; closed-loop clients; "
                   f"machine load average {load_before} at the start, {_loadavg()} at the end"),
         "command": " ".join(["python -m specdec.benchmarks.serve_load", *sys.argv[1:]]),
         "equal_texts": "yes" if not differ else f"no: prompts {', '.join(differ)} differ",

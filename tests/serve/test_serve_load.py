@@ -27,6 +27,7 @@ def test_loopback_only():
 def test_rounds_split_a_cells_requests_but_send_at_least_the_waves_asked_per_client():
     assert serve_load.round_sizes(32, 2, 4) == [16, 16]
     assert serve_load.round_sizes(33, 2, 4) == [17, 16]
+    assert serve_load.round_sizes(3, 2, 3) == [2, 1]  # no minimum unless asked: fewer requests than clients
     assert serve_load.round_sizes(32, 2, 16) == [16, 16]  # one wave of 16 clients a round
     assert serve_load.round_sizes(32, 2, 16, min_waves=2) == [32, 32]
     assert serve_load.round_sizes(32, 2, 4, min_waves=2) == [16, 16]
