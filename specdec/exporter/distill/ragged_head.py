@@ -83,12 +83,10 @@ def ragged_head_difference(single: Path, ragged: Path, rows: int, feature_width:
                            threads: int = 1, seed: int = 0) -> float:
     """Return the largest |difference| between the ragged graph's rows and batch-1 calls of `single` (logits,
     features and presents), over calls of rows with different pair counts and pasts, one row empty."""
-    import onnxruntime as ort
+    from specdec.runtime.providers import create_session
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    one = ort.InferenceSession(str(single), options, providers=["CPUExecutionProvider"])
-    many = ort.InferenceSession(str(ragged), options, providers=["CPUExecutionProvider"])
+    # the runtime's own session settings (EagleHead's), so the check covers what it will run
+    one, many = (create_session(str(path), "cpu", threads, spin=False)[0] for path in (single, ragged))
     past_shape = {i.name: i.shape for i in one.get_inputs()}["past_key"]
     kv_heads, head_dim = past_shape[1], past_shape[3]
     rng = np.random.default_rng(seed)
