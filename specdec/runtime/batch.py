@@ -157,6 +157,7 @@ class BatchEngine:
         self._ragged_shapes: set[int] = set()
         self.ragged_calls = 0  # steps whose verify rows shared one ragged-rows call
         self.ragged_prefills = 0  # prefills of several admitted requests in one ragged-rows call
+        self.prefills_in_steps = 0  # admitted requests prefilled in the running requests' step call
         self.on_step = on_step  # called with the requests of every batched call (a metrics histogram)
         # Reuse the KV a finished request left in its slot for a prompt that starts the same way (a chat's
         # history, a shared system prompt). Off by default: the reused positions were computed in calls of
@@ -373,12 +374,20 @@ class BatchEngine:
                 self.prefix_tokens_reused += request.cache.length
                 self.prefix_tokens_queried += len(prompt) if self.prefix_cache else 0
                 group.append(request)
-            self._prefill_all(group)
-            self._admitting = []
             self._running = [r for r in self._running if not self._ended(r)]
-            if self._running:
-                # An error that no single request's guard caught (planning, drafting) ends this step's requests.
-                self._guarded_all(self._running, self._step)
+            if group and self._running and self._rides_step(group):
+                # The new prompts ride the step's ragged-rows call as rows of their own: one weight read for
+                # the step and the admissions, so requests that finish out of step (speculation, EOS, arrivals)
+                # cost their prompt tokens, not a call each.
+                group = self._opened(group)
+                self._guarded_all(self._running + group, lambda: self._step(group))
+            else:
+                self._prefill_all(group)
+                self._running = [r for r in self._running if not self._ended(r)]
+                if self._running:
+                    # An error that no single request's guard caught (planning, drafting) ends this step's requests.
+                    self._guarded_all(self._running, self._step)
+            self._admitting = []
         for request in list(self._waiting) + self._running:
             request.out.put(_END)
             self._release(request)
@@ -425,12 +434,23 @@ class BatchEngine:
         del self._waiting[best]
         return window[best]
 
+    def _rides_step(self, group: list[_Request]) -> bool:
+        """Return whether the requests that just took slots are prefilled in the running requests' next step:
+        every one of them lies among the ragged-rows graph's rows, and no draft head needs the prefill's hidden
+        rows (the head's own prefill runs in the single loop's call)."""
+        requests = self._running + group
+        return self._in_ragged_rows(requests) and not any(r.opened.state.hidden for r in requests)
+
+    def _opened(self, group: list[_Request]) -> list[_Request]:
+        """Open every request that just took a slot; return those still holding one."""
+        for request in group:
+            self._guarded(request, self._open)
+        return [r for r in group if r.cache is not None]
+
     def _prefill_all(self, group: list[_Request]) -> None:
         """Prefill the requests that just took slots: in one ragged-rows call where there are several (each row
         its prompt's rest), else in the single loop's call."""
-        for request in group:
-            self._guarded(request, self._open)
-        group = [r for r in group if r.cache is not None]
+        group = self._opened(group)
         if len(group) < 2 or not self._in_ragged_rows(group) or any(r.opened.state.hidden for r in group):
             for request in group:
                 self._guarded(request, lambda r: self._started(r, prefill(self.engine.target, r.cache,
@@ -448,10 +468,13 @@ class BatchEngine:
         self.ragged_prefills += 1
         tokens = sum(len(row) for row in rows)
         for request in group:
-            share = seconds * len(rows[request.cache.slot]) / tokens
-            request.cache.count_call(share)
-            self._guarded(request, lambda r, share=share: self._started(
-                r, first_token(r.opened.state, logits[r.cache.slot][-1], None, share)))
+            self._start_from(request, logits[request.cache.slot][-1], seconds * len(rows[request.cache.slot]) / tokens)
+
+    def _start_from(self, request: _Request, last_logits: np.ndarray, seconds: float) -> None:
+        """Start a request whose prompt a shared call prefilled: its first token from the prompt's last logits
+        row; `seconds` is its share of the call."""
+        request.cache.count_call(seconds)
+        self._guarded(request, lambda r: self._started(r, first_token(r.opened.state, last_logits, None, seconds)))
 
     def _open(self, request: _Request) -> None:
         """Start a request that took a slot: tell its caller, give its draft model the slot's draft KV."""
@@ -469,21 +492,27 @@ class BatchEngine:
             self._running.append(request)
         self._deliver(request, iteration)
 
-    def _step(self) -> None:
+    def _step(self, admitted: list[_Request] = ()) -> None:
+        """Advance every running request by one target call; `admitted` requests (just opened) are prefilled in
+        the same call, a ragged-rows one, and join the running ones."""
         start = time.perf_counter()  # a step's cost is all of it (planning, drafting, commits), not the call alone
-        running = self._running
+        running = list(self._running)
+        admitted = list(admitted)
+        prompt_tokens = sum(len(r.opened.state.request.prompt_ids) - r.cache.length for r in admitted)
         plans = [plan(r.opened.state) for r in running]
         # Prompt lookup costs nothing to ask: its proposals come first, so that the plan weighs the drafts
         # that exist (it often finds fewer than K, or none) and keeps a prefix of them.
         looked_up = {i: draft(r.opened.state, k) for i, (r, (situation, k)) in enumerate(zip(running, plans))
                      if k > 0 and _drafts_free(r.opened.state, situation)}
         ks = self._draft_lengths(running, [(situation, len(looked_up[i].tokens) if i in looked_up else k)
-                                           for i, (situation, k) in enumerate(plans)])
+                                           for i, (situation, k) in enumerate(plans)], prompt_tokens)
         proposals = self._draft_all(running, ks, looked_up)
         heads = any(r.opened.state.hidden for r in running)  # their drafter reads every step's hidden rows
-        if self._ragged_mode(running) and (self._plain_steps_ragged() or heads or any(p.tokens for p in proposals)):
-            self._guarded_all(running, lambda: self._ragged_call(running, plans, proposals, start))
-            self._running = [r for r in running if not self._ended(r)]
+        if admitted or (self._ragged_mode(running)
+                        and (self._plain_steps_ragged() or heads or any(p.tokens for p in proposals))):
+            self._guarded_all([*running, *admitted],
+                              lambda: self._ragged_call(running, plans, proposals, start, admitted))
+            self._running = [r for r in self._running if not self._ended(r)]
             return
         # A graph without plain batched calls (int4) runs a lone request's steps as the single-request loop does.
         # The batched decode call returns no hidden rows: a draft head's request takes the single loop's call.
@@ -495,7 +524,7 @@ class BatchEngine:
         for i, proposal in enumerate(proposals):
             if i not in plain:
                 self._guarded(running[i], lambda r, i=i: self._verify(r, plans[i][0], proposals[i]))
-        self._running = [r for r in running if not self._ended(r)]
+        self._running = [r for r in self._running if not self._ended(r)]
 
     def _draft_all(self, running: list[_Request], ks: list[int], looked_up: dict[int, Proposal]) -> list[Proposal]:
         """Return every running request's proposal of its k tokens: the first k of what prompt lookup proposed
@@ -619,13 +648,15 @@ class BatchEngine:
         """
         return not self.engine.shared_pool or not self.arena.plain_batches
 
-    def _ragged_call(self, running, plans, proposals, step_start: float) -> None:
-        """Score every running request's last token and drafts in ONE ragged-rows call, then commit each."""
+    def _ragged_call(self, running, plans, proposals, step_start: float, admitted: list[_Request] = ()) -> None:
+        """Score every running request's last token and drafts in ONE ragged-rows call, then commit each; the
+        call also prefills `admitted` requests (each row its prompt's rest) and starts them."""
         index = {r.cache.slot: i for i, r in enumerate(running)}
         fed = {slot: (running[i].cache, [running[i].opened.state.context[-1]] + proposals[i].tokens)
                for slot, i in index.items()}
+        fed.update({r.cache.slot: (r.cache, prompt_rest(r.opened.state, r.cache)) for r in admitted})
         caches, rows, lengths = self.arena.ragged_rows(fed)  # a free slot's row takes no token
-        greedy = all(r.opened.state.request.sampling.raw_argmax for r in running)
+        greedy = all(r.opened.state.request.sampling.raw_argmax for r in [*running, *admitted])
         heads = [r for r in running if r.opened.state.hidden]
         start = time.perf_counter()
         logits = self.engine.target.forward_ragged(self.arena.ragged_binding(), caches, rows, lengths, greedy,
@@ -638,13 +669,16 @@ class BatchEngine:
         self.ragged_calls += 1
         tokens = sum(len(row) for row in rows)
         if self.on_step is not None:
-            self.on_step(len(running))
+            self.on_step(len(running) + len(admitted))
         for slot, i in index.items():
             request = running[i]
             request.cache.count_call(seconds * len(rows[slot]) / tokens)
             # A shared call is not a batch-1 call: auto's t(n) does not learn from it (target_seconds 0).
             self._guarded(request, lambda r, i=i, slot=slot: self._deliver(r, commit(
                 r.opened.state, r.cache, plans[i][0], proposals[i], logits[slot], 0.0)))
+        for request in admitted:
+            self.prefills_in_steps += 1
+            self._start_from(request, logits[request.cache.slot][-1], seconds * len(rows[request.cache.slot]) / tokens)
         if tokens in self._ragged_shapes:  # a shape's first call also plans its buffers: not its cost
             self.ragged_costs.observe(tokens, time.perf_counter() - step_start)
         self._ragged_shapes.add(tokens)
@@ -658,9 +692,10 @@ class BatchEngine:
         self.verify_costs.observe(len(proposal.tokens) + 1, seconds + drafting)
         self._deliver(request, commit(state, request.cache, situation, proposal, logits, seconds))
 
-    def _draft_lengths(self, running: list[_Request], plans: list[tuple[str | None, int]]) -> list[int]:
+    def _draft_lengths(self, running: list[_Request], plans: list[tuple[str | None, int]],
+                       prompt_tokens: int = 0) -> list[int]:
         """Return each request's K this step: its policy's, unless the batch serves more tokens per second
-        without it."""
+        without it. `prompt_tokens` of admitted prompts ride the step's call (a ragged-rows one then)."""
         ks = [k for _, k in plans]
         if len(running) == 1:
             return ks  # alone: exactly the single-request loop's choice
@@ -687,10 +722,12 @@ class BatchEngine:
             return verify.get(tokens) or one_row * costs.relative(tokens)
 
         plain_rows = len(running) - len(candidates)
-        if self._ragged_mode(running):
-            plain_step = self.ragged_costs.seconds if self._plain_steps_ragged() else self.batch_costs.seconds
-            lengths = choose_draft_lengths_ragged(candidates, plain_rows, plain_step, self.ragged_costs.seconds,
-                                                  margin=DRAFT_MARGIN)
+        if prompt_tokens or self._ragged_mode(running):
+            plain_step = (self.ragged_costs.seconds if prompt_tokens or self._plain_steps_ragged()
+                          else self.batch_costs.seconds)
+            lengths = choose_draft_lengths_ragged(
+                candidates, plain_rows, lambda tokens: plain_step(tokens + prompt_tokens),
+                lambda tokens: self.ragged_costs.seconds(tokens + prompt_tokens), margin=DRAFT_MARGIN)
             for i, k in zip(where, lengths):
                 ks[i] = k
             return ks

@@ -414,8 +414,8 @@ def test_under_load_the_plan_weighs_the_drafts_prompt_lookup_found_not_the_k_it_
     reference = [engine.generate(p, GenerationConfig(max_new_tokens=16, drafter="none")).token_ids for p in prompts]
     configs = [GenerationConfig(max_new_tokens=16, drafter="ngram", num_draft_tokens=4, ngram_min=1)] * 8
     batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
-    batch._ragged_call = (lambda original: lambda running, plans, proposals, start: (
-        verified.extend(len(p.tokens) for p in proposals), original(running, plans, proposals, start))[1])(
+    batch._ragged_call = (lambda original: lambda running, plans, proposals, *rest: (
+        verified.extend(len(p.tokens) for p in proposals), original(running, plans, proposals, *rest))[1])(
         batch._ragged_call)
     try:
         results = _burst(batch, prompts, configs)
@@ -498,6 +498,34 @@ def test_a_burst_of_arrivals_is_prefilled_in_one_ragged_call_and_each_text_is_it
     assert [r.token_ids for r in results] == reference
     # the artifact's ragged graph has 8 rows: 4 slots prefill one request at a time
     assert batch.ragged_prefills == (max_batch == engine.target.spec.ragged_rows)
+
+
+def test_requests_admitted_while_others_run_are_prefilled_in_their_step_and_each_text_is_its_own(engine,
+                                                                                                  monkeypatch):
+    """Requests arriving while others decode take no call of their own: their prompts ride the running
+    requests' next step (a ragged-rows call), and greedy, speculating and seeded sampled texts on both sides
+    equal each prompt's own."""
+    running = [GenerationConfig(max_new_tokens=40, drafter="none"),
+               GenerationConfig(max_new_tokens=40, drafter="ngram", num_draft_tokens="auto", ngram_min=1),
+               GenerationConfig(max_new_tokens=40, seed=3, temperature=1.2, top_k=8, drafter="none")] * 2
+    arriving = [GenerationConfig(max_new_tokens=12, drafter="none"),
+                GenerationConfig(max_new_tokens=12, seed=5, temperature=1.2, top_k=8, drafter="model",
+                                 num_draft_tokens=2)]
+    first, later = PROMPT_SET[:len(running)], PROMPT_SET[len(running):len(running) + len(arriving)]
+    alone = [engine.generate(p, c).token_ids for p, c in zip(first + later, running + arriving)]
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
+    try:
+        streams = [batch.stream(p, c) for p, c in zip(first, running)]
+        pieces = [iter(s) for s in streams]
+        for piece in pieces:
+            next(piece)  # every first request has started
+        prefills = batch.ragged_prefills
+        fed = _record_feeds(monkeypatch, engine.target)  # a separate prefill would be a forward call
+        results = _consumed(streams + [batch.stream(p, c) for p, c in zip(later, arriving)])
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == alone
+    assert batch.prefills_in_steps == len(arriving) and batch.ragged_prefills == prefills and not fed
 
 
 def test_in_a_burst_a_prompt_that_starts_like_another_waits_to_copy_its_prefix(engine):
