@@ -44,6 +44,7 @@ from specdec.runtime.eagle import EagleDrafter
 from specdec.runtime.engine import Engine, GenerationStream, OpenRequest
 from specdec.runtime.loop import (MAX_DRAFT_ROOM, DecodeState, Iteration, commit, draft, first_token, plan, prefill,
                                   prompt_rest, verify_call)
+from specdec.runtime.session import LONG_CALL_ROWS
 from specdec.runtime.slots import MIN_PREFIX, SlotArena, SlotCache, common_prefix
 
 DEFAULT_MAX_BATCH = 8
@@ -375,18 +376,16 @@ class BatchEngine:
                 self.prefix_tokens_queried += len(prompt) if self.prefix_cache else 0
                 group.append(request)
             self._running = [r for r in self._running if not self._ended(r)]
-            if group and self._running and self._rides_step(group):
-                # The new prompts ride the step's ragged-rows call as rows of their own: one weight read for
-                # the step and the admissions, so requests that finish out of step (speculation, EOS, arrivals)
-                # cost their prompt tokens, not a call each.
-                group = self._opened(group)
-                self._guarded_all(self._running + group, lambda: self._step(group))
-            else:
-                self._prefill_all(group)
-                self._running = [r for r in self._running if not self._ended(r)]
-                if self._running:
-                    # An error that no single request's guard caught (planning, drafting) ends this step's requests.
-                    self._guarded_all(self._running, self._step)
+            # Short prompt rests ride the step's ragged-rows call as rows of their own: one weight read for the
+            # step and the admissions, so requests that finish out of step (speculation, EOS, arrivals) cost
+            # their prompt tokens, not a call each. A long one is prefilled first in a call of its own.
+            riding = self._riding(group)
+            self._prefill_all([r for r in group if r not in riding])
+            riding = self._opened(riding)
+            self._running = [r for r in self._running if not self._ended(r)]
+            if self._running or riding:
+                # An error that no single request's guard caught (planning, drafting) ends this step's requests.
+                self._guarded_all(self._running + riding, lambda: self._step(riding))
             self._admitting = []
         for request in list(self._waiting) + self._running:
             request.out.put(_END)
@@ -434,12 +433,16 @@ class BatchEngine:
         del self._waiting[best]
         return window[best]
 
-    def _rides_step(self, group: list[_Request]) -> bool:
-        """Return whether the requests that just took slots are prefilled in the running requests' next step:
-        every one of them lies among the ragged-rows graph's rows, and no draft head needs the prefill's hidden
-        rows (the head's own prefill runs in the single loop's call)."""
+    def _riding(self, group: list[_Request]) -> list[_Request]:
+        """Return the requests that just took slots whose prompts are prefilled in the running requests' next
+        step: none unless some run, every slot lies among the ragged-rows graph's rows and no draft head needs
+        a prefill's hidden rows (the head's prefill runs in the single loop's call); then those whose prompt
+        rest is at most LONG_CALL_ROWS tokens. A ragged call computes every row's logits, so beyond that a
+        prefill of its own (the last row's logits, the long-call kernel) costs less than the call it saves."""
         requests = self._running + group
-        return self._in_ragged_rows(requests) and not any(r.opened.state.hidden for r in requests)
+        if not self._running or not self._in_ragged_rows(requests) or any(r.opened.state.hidden for r in requests):
+            return []
+        return [r for r in group if len(r.opened.state.request.prompt_ids) - r.cache.length <= LONG_CALL_ROWS]
 
     def _opened(self, group: list[_Request]) -> list[_Request]:
         """Open every request that just took a slot; return those still holding one."""

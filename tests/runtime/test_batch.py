@@ -504,14 +504,19 @@ def test_requests_admitted_while_others_run_are_prefilled_in_their_step_and_each
                                                                                                   monkeypatch):
     """Requests arriving while others decode take no call of their own: their prompts ride the running
     requests' next step (a ragged-rows call), and greedy, speculating and seeded sampled texts on both sides
-    equal each prompt's own."""
+    equal each prompt's own. A prompt longer than LONG_CALL_ROWS is prefilled in a call of its own (the last
+    row's logits only), before that step."""
+    from specdec.runtime.session import LONG_CALL_ROWS
+
     running = [GenerationConfig(max_new_tokens=40, drafter="none"),
                GenerationConfig(max_new_tokens=40, drafter="ngram", num_draft_tokens="auto", ngram_min=1),
                GenerationConfig(max_new_tokens=40, seed=3, temperature=1.2, top_k=8, drafter="none")] * 2
     arriving = [GenerationConfig(max_new_tokens=12, drafter="none"),
                 GenerationConfig(max_new_tokens=12, seed=5, temperature=1.2, top_k=8, drafter="model",
-                                 num_draft_tokens=2)]
-    first, later = PROMPT_SET[:len(running)], PROMPT_SET[len(running):len(running) + len(arriving)]
+                                 num_draft_tokens=2),
+                GenerationConfig(max_new_tokens=12, drafter="ngram", num_draft_tokens="auto", ngram_min=1)]
+    long_prompt = engine.prompt_ids(" ".join(PROMPT_SET * 8))[:LONG_CALL_ROWS + 9]
+    first, later = PROMPT_SET[:len(running)], PROMPT_SET[len(running):len(running) + 2] + [long_prompt]
     alone = [engine.generate(p, c).token_ids for p, c in zip(first + later, running + arriving)]
     batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
     try:
@@ -525,7 +530,8 @@ def test_requests_admitted_while_others_run_are_prefilled_in_their_step_and_each
     finally:
         batch.shutdown()
     assert [r.token_ids for r in results] == alone
-    assert batch.prefills_in_steps == len(arriving) and batch.ragged_prefills == prefills and not fed
+    assert batch.prefills_in_steps == 2 and batch.ragged_prefills == prefills
+    assert [n for n in fed if n > LONG_CALL_ROWS] == [len(long_prompt)]  # the long one: a prefill of its own
 
 
 def test_in_a_burst_a_prompt_that_starts_like_another_waits_to_copy_its_prefix(engine):
