@@ -20,6 +20,9 @@ from pathlib import Path
 
 import httpx
 
+from specdec.models.errors import ArtifactError
+from specdec.models.manifest import load_manifest
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2"
 
@@ -102,9 +105,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="threads for every server")
     parser.add_argument("--prefix-cache", action="store_true",
                         help="specdec with --prefix-cache (the anchors cache prompts by default)")
-    parser.add_argument("--max-batch", type=int, default=16,
-                        help="specdec --max-batch and llama-server -np (16: specdec's auto for an 8-row export; "
-                             "vLLM gets --max-num-seqs 16)")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="specdec --max-batch and llama-server -np (default: the artifact's serving slots, "
+                             "specdec's auto: 16 for an 8-row fp32 export, 8 for int4; vLLM gets --max-num-seqs 16)")
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--drafters", default="none,ngram", help="specdec's decodings (the anchors run their own)")
     parser.add_argument("--requests", type=int, default=32, help="requests per cell")
@@ -114,6 +117,12 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output", default="benchmarks/out/serve-bench")
     args = parser.parse_args()
+    try:
+        manifest = load_manifest(Path(args.artifact), check_files=False)
+    except ArtifactError as err:
+        parser.error(str(err))
+    if args.max_batch is None:  # both servers get the slots `specdec serve --max-batch auto` would take
+        args.max_batch = manifest.target.serving_slots
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
