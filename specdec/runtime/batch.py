@@ -124,6 +124,11 @@ def _drafts_free(state: DecodeState, situation: str | None) -> bool:
     return isinstance(state.drafter, CombinedDrafter) and not (situation or "").startswith("model")
 
 
+def _rest_tokens(request: _Request) -> int:
+    """Return how many prompt tokens a request's prefill feeds: those its slot does not hold already."""
+    return len(request.opened.state.request.prompt_ids) - request.cache.length
+
+
 def _first(proposal: Proposal, k: int) -> Proposal:
     """Return the first k drafts of a proposal (drafts are sequential: a prefix is a proposal of its own)."""
     if k >= len(proposal.tokens):
@@ -442,7 +447,7 @@ class BatchEngine:
         requests = self._running + group
         if not self._running or not self._in_ragged_rows(requests) or any(r.opened.state.hidden for r in requests):
             return []
-        return [r for r in group if len(r.opened.state.request.prompt_ids) - r.cache.length <= LONG_CALL_ROWS]
+        return [r for r in group if _rest_tokens(r) <= LONG_CALL_ROWS]
 
     def _opened(self, group: list[_Request]) -> list[_Request]:
         """Open every request that just took a slot; return those still holding one."""
@@ -501,7 +506,7 @@ class BatchEngine:
         start = time.perf_counter()  # a step's cost is all of it (planning, drafting, commits), not the call alone
         running = list(self._running)
         admitted = list(admitted)
-        prompt_tokens = sum(len(r.opened.state.request.prompt_ids) - r.cache.length for r in admitted)
+        prompt_tokens = sum(_rest_tokens(r) for r in admitted)
         plans = [plan(r.opened.state) for r in running]
         # Prompt lookup costs nothing to ask: its proposals come first, so that the plan weighs the drafts
         # that exist (it often finds fewer than K, or none) and keeps a prefix of them.
