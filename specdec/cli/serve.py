@@ -105,7 +105,10 @@ def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache
                          max_body_bytes=max_body_bytes, write_timeout=write_timeout,
                          header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout)
     config.validate()
-    load_manifest(artifact, check_files=True)  # a bad artifact fails here, in one line, before any port opens
+    manifest = load_manifest(artifact, check_files=True)  # a bad artifact fails here, in one line, before any port opens
+    refusal = manifest.target.slots_refusal(max_batch) if max_batch > 1 else None
+    if refusal:  # the engine would refuse it after "listening on"; say so before
+        raise SpecdecError(refusal)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if use_ray:
         from specdec.serve import ray_app

@@ -152,6 +152,14 @@ class GraphSpec:
             return 8
         return self.ragged_rows if self.pads_calls else 2 * self.ragged_rows
 
+    def slots_refusal(self, slots: int) -> str | None:
+        """Return why a batch engine of `slots` KV slots cannot run this target, as far as the manifest tells (a
+        padded graph batches only through its ragged-rows graph, so its slots must be those rows), else None."""
+        if self.pads_calls and self.ragged_rows and slots != self.ragged_rows:
+            return (f"this artifact's target graph batches only through its ragged-rows graph of {self.ragged_rows} "
+                    f"rows: use --max-batch {self.ragged_rows}")
+        return None
+
 
 @dataclass(frozen=True)
 class TokenizerSpec:

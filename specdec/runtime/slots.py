@@ -59,8 +59,7 @@ class SlotArena:
         padded = spec.pads_calls  # its plain graph's batched op would take 1 row
         if not session.batches and not (padded and spec.ragged_rows == slots and session.ragged_session()):
             raise GenerationError(
-                f"this artifact's target graph batches only through its ragged-rows graph of {spec.ragged_rows} "
-                f"rows: use --max-batch {spec.ragged_rows}" if padded and spec.ragged_rows else
+                spec.slots_refusal(slots) or
                 "this artifact's target graph runs one sequence per call (exported before the batch engine, or "
                 "int4 before its ragged-rows graph): re-export it with `specdec export` to serve several requests "
                 "in one call")

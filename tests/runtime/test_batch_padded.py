@@ -4,13 +4,16 @@ attention padded, and a lone request runs the single-request loop's own calls. G
 still each prompt's target-only output."""
 
 import pytest
+from click.testing import CliRunner
 
+from specdec.cli.main import main
 from specdec.exporter.tiny_models import build_perturbed_draft
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import load_manifest
 from specdec.runtime.batch import BatchEngine
 from specdec.runtime.engine import Engine, GenerationConfig
 
+from tests.cli.test_bad_inputs import assert_refused_in_one_line
 from tests.conftest import _export
 from tests.runtime.test_batch import PROMPT_SET, _burst, _concurrently
 
@@ -82,3 +85,9 @@ def test_a_burst_prefilled_in_one_ragged_call_keeps_each_prompts_own_output(padd
 def test_slots_other_than_the_ragged_rows_are_refused_naming_them(padded_engine):
     with pytest.raises(GenerationError, match="use --max-batch 8"):
         BatchEngine(padded_engine, max_batch=4)
+
+
+def test_serve_refuses_other_slots_in_one_line_before_it_listens(padded_engine):
+    result = CliRunner().invoke(main, ["serve", str(padded_engine.artifact_dir), "--max-batch", "16", "--port", "0"])
+    assert_refused_in_one_line(result, "use --max-batch 8")
+    assert "listening" not in result.output
