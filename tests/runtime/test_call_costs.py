@@ -168,3 +168,18 @@ def test_time_call_costs_readies_auto_before_any_request(tiny_target_only_artifa
     engine.generate("one, two, one, two,", GenerationConfig(max_new_tokens=6, drafter="ngram", num_draft_tokens="auto",
                                                             max_draft_tokens_auto=5))
     assert engine.target_call_costs.prior == table  # the request found it ready
+
+
+def test_the_kept_table_follows_every_call_and_a_new_prior():
+    costs = TargetCallCosts(prior={3: 1.4}, prior_verify_cost=0.1)
+    first = costs.table(4)
+    first[3] = 99.0  # the caller's copy: the kept table is not theirs to change
+    assert costs.table(4)[3] == pytest.approx(1.4)
+    costs.prior = {3: 1.8}  # what calibration or `specdec tune` does: a new table, not an edit
+    assert costs.table(4)[3] == pytest.approx(1.8)
+    feed(costs, 1, 0.020)
+    feed(costs, 3, 0.030)
+    assert costs.table(4)[3] == pytest.approx(1.5)
+    assert costs.table(6) == TargetCallCosts(prior={3: 1.8}, prior_verify_cost=0.1, _recent=costs._recent,
+                                             _medians=costs._medians, _calls=costs._calls,
+                                             _last_call=costs._last_call).table(6)
