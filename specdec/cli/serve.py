@@ -105,9 +105,10 @@ def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache
                          max_body_bytes=max_body_bytes, write_timeout=write_timeout,
                          header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout)
     config.validate()
-    manifest = load_manifest(artifact, check_files=True)  # a bad artifact fails here, in one line, before any port opens
+    # A bad artifact, or slots its graph cannot batch, fail here in one line, before any port opens.
+    manifest = load_manifest(artifact, check_files=True)
     refusal = manifest.target.slots_refusal(max_batch) if max_batch > 1 else None
-    if refusal:  # the engine would refuse it after "listening on"; say so before
+    if refusal:
         raise SpecdecError(refusal)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if use_ray:
