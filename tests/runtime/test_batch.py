@@ -84,19 +84,26 @@ def test_greedy_under_load_equals_each_prompts_own_target_only_output(engine, cl
     assert (batch.draft_ragged_calls > 0) == (max_batch == engine.draft.spec.ragged_rows), batch.draft_ragged_calls
 
 
-def test_seeded_sampled_requests_reproduce_under_load(engine):
-    """A seeded request's tokens do not depend on what runs beside it (its own generator; fixed K or none)."""
+@pytest.mark.parametrize("max_batch", [8, 4])
+def test_seeded_sampled_requests_reproduce_under_load(engine, max_batch):
+    """A seeded request's tokens do not depend on what runs beside it (its own generator; fixed K or none).
+    4 slots: each request's draft calls run alone in its draft slot, as where the export left the draft's ragged
+    graph out (an AVX2-only CPU), and half the requests queue."""
     configs = [GenerationConfig(max_new_tokens=16, seed=s, temperature=1.2, top_k=8, drafter=d, num_draft_tokens=k)
                for s, (d, k) in enumerate([("none", None), ("model", 2), ("none", None), ("model", 3)] * 2)]
     prompts = PROMPT_SET[:len(configs)]
     alone = [engine.generate(p, c).token_ids for p, c in zip(prompts, configs)]
-    batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
+    batch = BatchEngine(engine, max_batch=max_batch, kv_capacity=128)
     try:
-        loaded = [r.token_ids for r in _concurrently(batch, prompts, configs)]
+        results = _concurrently(batch, prompts, configs)
     finally:
         batch.shutdown()
-    assert loaded == alone
-    assert batch.ragged_calls > 0 and batch.draft_ragged_calls > 0  # verify rows and draft calls both shared
+    assert [r.token_ids for r in results] == alone
+    assert sum(r.stats.drafted for r in results) > 0
+    if max_batch == 8:
+        assert batch.ragged_calls > 0 and batch.draft_ragged_calls > 0  # verify rows and draft calls both shared
+    else:
+        assert batch.draft_ragged_calls == 0 and batch.draft_arena is not None
 
 
 def test_sampled_distribution_under_batching_is_the_targets(engine):
