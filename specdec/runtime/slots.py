@@ -94,7 +94,7 @@ class SlotArena:
                         for s in range(slots)]
         for slot, cache in enumerate(self._caches):
             cache.slot = slot
-        self._prefix_bindings: dict[tuple[int, bool], CallBinding] = {}
+        self._prefix_bindings: dict[tuple[int, int, bool], CallBinding] = {}
         self._ragged_binding: CallBinding | None = None
         self._free = list(range(slots))
         self._releases = 0
@@ -284,14 +284,15 @@ class SlotArena:
             cache.released = self._releases
             heapq.heappush(self._free, cache.slot)
 
-    def binding(self, rows: int, greedy_head: bool) -> CallBinding:
-        """Return the reusable binding of a batched call over slots 0..rows-1 (KV bound to that prefix)."""
-        key = (rows, greedy_head)
+    def binding(self, rows: int, greedy_head: bool, first: int = 0) -> CallBinding:
+        """Return the reusable binding of a batched call over slots first..first+rows-1 (KV bound to those rows,
+        contiguous in every buffer)."""
+        key = (first, rows, greedy_head)
         call = self._prefix_bindings.get(key)
         if call is None:
             session = self.session
             call = self._prefix_bindings[key] = CallBinding(session.session.io_binding())
-            call.bind_cache(session._past_names, session._present_names, self._views(0, rows))
+            call.bind_cache(session._past_names, session._present_names, self._views(first, rows))
         return call
 
     @property

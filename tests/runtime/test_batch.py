@@ -348,6 +348,33 @@ def test_under_load_a_draft_model_never_catches_up_on_a_whole_context(engine, mo
     assert long_feeds == []
 
 
+def test_a_lone_request_in_a_high_slot_steps_over_its_own_row_only(engine, monkeypatch):
+    """With the prefix cache a lone client's prompts sit in several slots; a step binds the rows from its lowest
+    running slot to its highest, so a lone request's steps are 1-row calls wherever it sits (they were calls over
+    slots 0..s, s parked rows each), and the text is still the target-only one."""
+    prompts = [engine.prompt_ids(p) for p in PROMPT_SET[:4]]
+    config = GenerationConfig(max_new_tokens=8, drafter="none")
+    reference = engine.generate(prompts[3], config).token_ids
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=128, prefix_cache=True)
+    windows = []
+    forward_batch = engine.target.forward_batch
+
+    def recorded(binding_for, caches, *args):
+        windows.append([c.slot if c is not None else None for c in caches])
+        return forward_batch(binding_for, caches, *args)
+
+    monkeypatch.setattr(engine.target, "forward_batch", recorded)
+    try:
+        for prompt in prompts:  # each in a slot of its own, kept there for the prefix cache
+            batch.generate(prompt, config)
+        windows.clear()
+        assert batch.generate(prompts[3], config).token_ids == reference  # back in the slot its prompt left
+    finally:
+        batch.shutdown()
+    assert windows and all(len(window) == 1 for window in windows), windows
+    assert windows[0][0] >= 3, windows  # not slot 0: its steps were calls over 4+ rows before
+
+
 def test_a_prompt_sharing_only_a_short_prefix_takes_an_empty_slot_over_a_longer_cached_context(engine, monkeypatch):
     """A shared system prompt is not worth cutting another conversation's cache short while a slot is empty."""
     prompt = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four, five, six, seven")
