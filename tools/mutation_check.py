@@ -87,7 +87,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("one-hot draft accepted with probability min(1, 2 p(x))", "specdec/runtime/acceptance.py",
            "q_token = 1.0 if draft_probs is None", "q_token = 0.5 if draft_probs is None", (ACCEPTANCE,)),
     Mutant("batched call: every row reads the first row's logits", "specdec/runtime/batch.py",
-           "logits[r.cache.slot][None, :]", "logits[0][None, :]",
+           "logits[r.cache.slot - first][None, :]", "logits[0][None, :]",
            ("tests/runtime/test_batch.py::test_greedy_under_load_equals_each_prompts_own_target_only_output",)),
     Mutant("target KV rollback keeps one position too many", "specdec/runtime/loop.py",
            "cache.rollback(len(state.context) + verdict.num_accepted)",
