@@ -94,7 +94,7 @@ class SlotArena:
                         for s in range(slots)]
         for slot, cache in enumerate(self._caches):
             cache.slot = slot
-        self._prefix_bindings: dict[tuple[int, int, bool], CallBinding] = {}
+        self._window_bindings: dict[tuple[int, int, bool], CallBinding] = {}
         self._ragged_binding: CallBinding | None = None
         self._free = list(range(slots))
         self._releases = 0
@@ -288,10 +288,10 @@ class SlotArena:
         """Return the reusable binding of a batched call over slots first..first+rows-1 (KV bound to those rows,
         contiguous in every buffer)."""
         key = (first, rows, greedy_head)
-        call = self._prefix_bindings.get(key)
+        call = self._window_bindings.get(key)
         if call is None:
             session = self.session
-            call = self._prefix_bindings[key] = CallBinding(session.session.io_binding())
+            call = self._window_bindings[key] = CallBinding(session.session.io_binding())
             call.bind_cache(session._past_names, session._present_names, self._views(first, rows))
         return call
 
