@@ -35,9 +35,9 @@ import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, DraftRecord, choose_draft_lengths_ragged,
-                                        choose_speculating)
+                                        choose_speculating, drafts_cannot_pay)
 from specdec.runtime.combined import CombinedDrafter
-from specdec.runtime.config import GenerationConfig
+from specdec.runtime.config import MAX_DRAFT_TOKENS, GenerationConfig
 from specdec.runtime.drafters import Drafter, ModelDrafter, Proposal
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
 from specdec.runtime.eagle import EagleDrafter
@@ -85,12 +85,25 @@ def _candidate(opened: OpenRequest, situation: str | None, k: int) -> DraftCandi
     load); `auto`'s K and the artifact's default K give way when the batch serves more without them.
     """
     policy = opened.state.policy
+    if not _k_gives_way(opened):
+        return DraftCandidate(k, 0.5, adjustable=False)
     if isinstance(policy, AdaptiveDraftLength):
         return DraftCandidate(k, _cautious_alpha(policy.estimate(situation or ANY_SITUATION)))
-    stats = opened.stats
-    if opened.config.num_draft_tokens is None:  # the default K: judged on this request's record so far
-        return DraftCandidate(k, (stats.accepted + 1) / (stats.acceptance_tests + 2))
-    return DraftCandidate(k, 0.5, adjustable=False)
+    stats = opened.stats  # the default K: judged on this request's record so far
+    return DraftCandidate(k, (stats.accepted + 1) / (stats.acceptance_tests + 2))
+
+
+def _k_gives_way(opened: OpenRequest) -> bool:
+    """Return whether the batch plan may lower the request's K (`_candidate`'s adjustable): all but a K it set."""
+    return isinstance(opened.state.policy, AdaptiveDraftLength) or opened.config.num_draft_tokens is None
+
+
+def _largest_k(state: DecodeState) -> int:
+    """Return the most drafts the request's policy could ask for next (0 for a request that does not draft)."""
+    if not state.drafting:
+        return 0
+    policy = state.policy
+    return policy.max_k if isinstance(policy, AdaptiveDraftLength) else getattr(policy, "k", MAX_DRAFT_TOKENS)
 
 
 def _cautious_alpha(estimate) -> float:
@@ -507,7 +520,8 @@ class BatchEngine:
         running = list(self._running)
         admitted = list(admitted)
         prompt_tokens = sum(_rest_tokens(r) for r in admitted)
-        plans = [plan(r.opened.state) for r in running]
+        plans = ([(None, 0)] * len(running) if not admitted and self._drafts_cannot_pay(running)
+                 else [plan(r.opened.state) for r in running])
         # Prompt lookup costs nothing to ask: its proposals come first, so that the plan weighs the drafts
         # that exist (it often finds fewer than K, or none) and keeps a prefix of them.
         looked_up = {i: draft(r.opened.state, k) for i, (r, (situation, k)) in enumerate(zip(running, plans))
@@ -724,14 +738,7 @@ class BatchEngine:
                 where.append(i)
         if not candidates:
             return ks
-        costs = self.engine.target_call_costs
-        one_row = self.batch_costs.seconds(1)
-        verify = self.verify_costs.table()
-
-        def verify_seconds(tokens: int) -> float:
-            # Measured here (drafting included) once timed; before, the 1-row call scaled by auto's t(n).
-            return verify.get(tokens) or one_row * costs.relative(tokens)
-
+        verify_seconds = self._verify_seconds()
         plain_rows = len(running) - len(candidates)
         if prompt_tokens or self._ragged_mode(running):
             plain_step = (self.ragged_costs.seconds if prompt_tokens or self._plain_steps_ragged()
@@ -747,6 +754,28 @@ class BatchEngine:
             if not keep:
                 ks[i] = 0
         return ks
+
+    def _verify_seconds(self) -> Callable[[int], float]:
+        """Return t_v(n): a request's verify call over n tokens, drafting included, measured here once timed;
+        before, the 1-row batched call scaled by auto's t(n)."""
+        costs = self.engine.target_call_costs
+        one_row = self.batch_costs.seconds(1)
+        verify = self.verify_costs.table()
+        return lambda tokens: verify.get(tokens) or one_row * costs.relative(tokens)
+
+    def _drafts_cannot_pay(self, running: list[_Request]) -> bool:
+        """Return whether this step skips planning: every request's drafts would need a verify call of its own,
+        and none could pay for it even with all accepted (batch_plan.drafts_cannot_pay, on the measured costs).
+
+        Asking each request's policy and prompt lookup costs ~2% of a 16-row step on a 2-core CPU; where verify
+        calls are cheap (a GPU), the bound does not hold and every step asks. A K a request set is always asked.
+        """
+        if (len(running) < 2 or not self.arena.plain_batches or self._ragged_mode(running)
+                or any(r.opened.state.hidden or (r.opened.state.drafting and not _k_gives_way(r.opened))
+                       for r in running)):
+            return False
+        max_k = max(_largest_k(r.opened.state) for r in running)
+        return max_k == 0 or drafts_cannot_pay(len(running), max_k, self.batch_costs.seconds, self._verify_seconds())
 
     def _deliver(self, request: _Request, iteration: Iteration) -> None:
         if iteration.drafted:

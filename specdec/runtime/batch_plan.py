@@ -90,6 +90,19 @@ def choose_speculating(candidates: list[DraftCandidate], plain_rows: int, batch_
     return chosen
 
 
+def drafts_cannot_pay(rows: int, max_k: int, batch_seconds: Callable[[int], float],
+                      verify_seconds: Callable[[int], float]) -> bool:
+    """Return True where `choose_speculating` would move none of `rows` adjustable requests out of the batch
+    even if each of its up to `max_k` drafts were sure to be accepted (then asking for drafts is wasted work).
+
+    A move gains at most k tokens for verify_seconds(k + 1) less the row it frees; it pays only where
+    k t_b(rows) > rows (t_v(k + 1) - (t_b(rows) - t_b(rows - 1))), the chooser's own test at acceptance 1.
+    """
+    seconds = batch_seconds(rows)
+    freed = seconds - batch_seconds(rows - 1)
+    return rows > 1 and all(k * seconds <= rows * (verify_seconds(k + 1) - freed) for k in range(1, max_k + 1))
+
+
 def choose_draft_lengths_ragged(candidates: list[DraftCandidate], plain_rows: int,
                                 batch_seconds: Callable[[int], float], ragged_seconds: Callable[[int], float],
                                 margin: float = 1.0) -> list[int]:

@@ -11,7 +11,8 @@ import pytest
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.batch import BatchEngine
-from specdec.runtime.batch_plan import BatchCallCosts, DraftCandidate, choose_draft_lengths_ragged, choose_speculating
+from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, choose_draft_lengths_ragged, choose_speculating,
+                                        drafts_cannot_pay)
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
 
@@ -250,6 +251,64 @@ def test_with_ragged_rows_drafts_pay_by_the_tokens_they_add_to_the_one_call():
     assert 0 < middling[0] < 6 and len(set(middling)) <= 2, middling
     # a K the user fixed is kept even where it costs
     assert choose_draft_lengths_ragged([DraftCandidate(2, 0.05, adjustable=False)], 7, plain, ragged) == [2]
+
+
+def test_planning_is_skipped_exactly_where_no_request_would_speculate_even_with_every_draft_accepted():
+    """The bound against the chooser itself, over random cost lines: where it holds, no request at acceptance 1
+    and any K up to max_k leaves the batch; where it fails, one such request does."""
+    rng = np.random.default_rng(7)
+    held = failed = 0
+    for _ in range(400):
+        base, per_row = rng.uniform(0.005, 0.03), rng.uniform(0.0005, 0.005)
+        verify_base, per_token = rng.uniform(0.002, 0.03), rng.uniform(0.0002, 0.004)
+        batch = lambda n: 0.0 if n <= 0 else base + per_row * n  # noqa: E731
+        verify = lambda n: verify_base + per_token * n  # noqa: E731
+        rows, max_k = int(rng.integers(2, 17)), int(rng.integers(1, 9))
+        sure = [[DraftCandidate(k, 1.0)] * rows for k in range(1, max_k + 1)]
+        moved = any(any(choose_speculating(candidates, 0, batch, verify)) for candidates in sure)
+        bound = drafts_cannot_pay(rows, max_k, batch, verify)
+        assert bound is not moved, (rows, max_k, base, per_row, verify_base, per_token)
+        held, failed = held + bound, failed + (not bound)
+    assert held > 40 and failed > 40  # both sides of the bound were tried
+
+
+def test_a_full_batch_skips_planning_only_where_verify_calls_cannot_pay(engine, monkeypatch):
+    """Beyond the ragged rows, each draft needs a verify call of its own. Priced at a second, no step plans or
+    asks prompt lookup (not one `plan` call with every slot running); nearly free, every step plans; a K the
+    request set is asked for whatever the cost. Every text stays its prompt's target-only text."""
+    from specdec.runtime import batch as batch_module
+
+    rows = engine.target.spec.ragged_rows
+    prompts = (PROMPT_SET * 2)[:2 * rows]
+    reference = [engine.generate(p, GenerationConfig(max_new_tokens=12, drafter="none")).token_ids for p in prompts]
+    plans, skipped = [], []
+    planned = batch_module.plan
+    monkeypatch.setattr(batch_module, "plan", lambda state: plans.append(1) or planned(state))
+
+    def run(verify_seconds, fixed_k=None):
+        del plans[:], skipped[:]
+        configs = [GenerationConfig(max_new_tokens=12, drafter="ngram", ngram_min=1,
+                                    num_draft_tokens="auto" if i % 2 else None) for i in range(2 * rows)]
+        if fixed_k:
+            configs[-1] = GenerationConfig(max_new_tokens=12, drafter="ngram", ngram_min=1, num_draft_tokens=fixed_k)
+        batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=128)
+        batch._verify_seconds = lambda: verify_seconds
+        bound = batch._drafts_cannot_pay
+        batch._drafts_cannot_pay = lambda running: (skipped.append((len(running), bound(running))),
+                                                    skipped[-1][1])[1]
+        try:
+            results = _burst(batch, prompts, configs)
+        finally:
+            batch.shutdown()
+        assert [r.token_ids for r in results] == reference
+        return [n for n, skip in skipped if skip], sum(n for n, skip in skipped if not skip)
+
+    skipping, asked = run(lambda n: 1.0)
+    assert 2 * rows in skipping and len(plans) == asked
+    skipping, asked = run(lambda n: 1e-9)
+    assert skipping == [] and len(plans) == asked > 0
+    skipping, asked = run(lambda n: 1.0, fixed_k=2)
+    assert skipping == [] and len(plans) == asked > 0
 
 
 def test_batch_call_costs_interpolate_between_timed_row_counts():
