@@ -111,6 +111,9 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--drafters", default="none,ngram", help="specdec's decodings (the anchors run their own)")
     parser.add_argument("--requests", type=int, default=32, help="requests per cell")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="alternating rounds per cell (on a noisy 2-core box a 16-client cell's ratio needs ~6 "
+                             "to read within a few percent)")
     parser.add_argument("--min-waves", type=int, default=2,
                         help="each round sends at least this many requests per client (a 16-client round of 16 "
                              "requests is one burst)")
@@ -142,7 +145,7 @@ def main() -> int:
               + ", ".join(f"{name} {cores:.2f}" for name, cores in idle.items()), file=sys.stderr, flush=True)
         load = [sys.executable, "-m", "specdec.benchmarks.serve_load", "--model", MODEL,
                 "--concurrency", args.concurrency, "--drafters", args.drafters, "--requests", str(args.requests),
-                "--rounds", "2", "--min-waves", str(args.min_waves), "--max-tokens", str(args.max_tokens),
+                "--rounds", str(args.rounds), "--min-waves", str(args.min_waves), "--max-tokens", str(args.max_tokens),
                 "--output", str(out),
                 "--plot", str(out / "serve.png"), "--time-limit", "3000"]
         for server in servers:
