@@ -630,8 +630,8 @@ class BatchEngine:
     def _batched_call(self, running, plans, proposals, plain: list[int], step_start: float) -> None:
         states = [running[i].opened.state for i in plain]
         by_slot = {running[i].cache.slot: running[i] for i in plain}
-        # Rows first..last, the slots between them parked: with the prefix cache a light load sits in any slots
-        # (one client's prompts in slots 0-5 made its steps 1-6 rows, 3.5 on average, against 1 now).
+        # Rows first..last, the slots between them parked: with the prefix cache a light load may sit in high
+        # slots, and binding from slot 0 would step every row below them for nothing.
         first = min(by_slot)
         window = range(first, max(by_slot) + 1)
         caches = [by_slot[s].cache if s in by_slot else None for s in window]
