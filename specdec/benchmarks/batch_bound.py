@@ -74,6 +74,16 @@ class Replay:
 
 
 @dataclass
+class LaneShadow:
+    """Drafts lookup proposed that the plan left unverified (batch_plan.ShadowDraft, as counts): settled after
+    `steps_left` more plain steps, when the target's tokens have met a wrong draft or all of them."""
+
+    drafted: int
+    accepted: int
+    steps_left: int
+
+
+@dataclass
 class Lane:
     """One closed-loop client of a replay: where its request is in its trace, and that request's own record."""
 
@@ -81,6 +91,7 @@ class Lane:
     iteration: int = 0
     consumed: int = 0  # tokens of the current iteration committed so far (its accepted drafts, then one more)
     record: DraftRecord = field(default_factory=DraftRecord)  # the request's own, as the batch engine keeps it
+    shadows: list[LaneShadow] = field(default_factory=list)  # lookups it left unverified, not yet settled
 
     def left(self, trace: Trace) -> tuple[int, int]:
         """Return (drafts lookup proposes now, how many of them the target accepts) in the current iteration."""
@@ -122,6 +133,10 @@ def plan_policy(k: int, batch_seconds: Callable[[int], float], ragged_seconds: C
                                                  ragged_seconds, margin=margin)
             for i, n in zip(asking, chosen):
                 ks[i] = n
+        for i in asking:  # as the engine does, a lane that decodes plainly follows what lookup proposed
+            if ks[i] == 0:
+                accepted = min(lanes[i].left(traces[lanes[i].trace])[1], found[i])
+                lanes[i].shadows.append(LaneShadow(found[i], accepted, min(accepted + 1, found[i])))
         return ks
 
     return choose
@@ -150,6 +165,7 @@ def replay(traces: list[Trace], lanes: int, policy: Policy, step_seconds: Callab
                 raise ValueError(f"policy {name!r} drafted {k} where lookup proposes {proposed}")
             kept = min(k, accepted)
             lane.record.observe(k, kept)
+            _follow_shadows(lane, k)
             lane.consumed += kept + 1
             tokens += kept + 1
             if lane.consumed > trace.accepted[lane.iteration]:  # the iteration's last token is committed
@@ -162,6 +178,19 @@ def replay(traces: list[Trace], lanes: int, policy: Policy, step_seconds: Callab
         verify_tokens += sum(fed)
         steps += 1
     return Replay(name, lanes, tokens, seconds, steps, verify_tokens)
+
+
+def _follow_shadows(lane: Lane, k: int) -> None:
+    """Settle each of a lane's shadows into its record once its plain steps reached its end (all dropped when the
+    lane verifies drafts of its own, as the engine does)."""
+    if k:
+        lane.shadows = []
+        return
+    for shadow in lane.shadows:
+        shadow.steps_left -= 1
+        if shadow.steps_left == 0:
+            lane.record.observe(shadow.drafted, shadow.accepted)
+    lane.shadows = [shadow for shadow in lane.shadows if shadow.steps_left > 0]
 
 
 def record_traces(engine, prompts: list[PromptCase], k: int, max_new_tokens: int) -> list[Trace]:

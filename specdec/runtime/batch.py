@@ -10,10 +10,12 @@ models' calls are shared the same way, round by round, in the draft's own ragged
 head (EAGLE) reads its request's hidden rows from the ragged call (tapped by `specdec distill`) and runs
 its own small calls.
 batch_plan.py chooses which requests speculate, from measured call costs (prompt lookup is asked
-first, so the plan weighs the drafts it found). New requests are admitted between steps into KV slots
-(slots.py), those admitted together prefilled in one ragged-rows call. There may be more slots than that
-graph has rows: new requests take its rows while the load fits them, the rest only under more load
-(`_slot_window`), and a step with a request beyond them is a batched decode call.
+first, so the plan weighs the drafts it found; those it leaves unverified are followed against the
+tokens committed next, so a request's record keeps learning while it decodes plainly). New requests
+are admitted between steps into KV slots (slots.py), those admitted together prefilled in one
+ragged-rows call. There may be more slots than that graph has rows: new requests take its rows while
+the load fits them, the rest only under more load (`_slot_window`), and a step with a request beyond
+them is a batched decode call.
 
     from specdec.runtime import BatchEngine, Engine, GenerationConfig
     batch = BatchEngine(Engine.load("artifacts/smollm2"), max_batch=8)
@@ -34,8 +36,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from specdec.models.errors import GenerationError
-from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, DraftRecord, choose_draft_lengths_ragged,
-                                        choose_speculating, drafts_cannot_pay)
+from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, DraftRecord, ShadowDraft,
+                                        choose_draft_lengths_ragged, choose_speculating, drafts_cannot_pay)
 from specdec.runtime.combined import CombinedDrafter
 from specdec.runtime.config import MAX_DRAFT_TOKENS, GenerationConfig
 from specdec.runtime.drafters import Drafter, ModelDrafter, Proposal
@@ -76,6 +78,7 @@ class _Request:
     passed_over: int = 0  # times a request behind it was admitted first (the prefix cache's choice)
     on_start: Callable[[], None] | None = None  # called when it takes a slot
     record: DraftRecord = field(default_factory=DraftRecord)  # its drafts' outcomes, for the batch plan
+    shadows: list[ShadowDraft] = field(default_factory=list)  # lookups the plan left unverified, not settled yet
 
 
 def _candidate(opened: OpenRequest, situation: str | None, k: int) -> DraftCandidate:
@@ -528,6 +531,9 @@ class BatchEngine:
                      if k > 0 and _drafts_free(r.opened.state, situation)}
         ks = self._draft_lengths(running, [(situation, len(looked_up[i].tokens) if i in looked_up else k)
                                            for i, (situation, k) in enumerate(plans)], prompt_tokens)
+        for i, proposal in looked_up.items():
+            if ks[i] == 0 and proposal.tokens:
+                running[i].shadows.append(ShadowDraft(tuple(proposal.tokens)))
         proposals = self._draft_all(running, ks, looked_up)
         heads = any(r.opened.state.hidden for r in running)  # their drafter reads every step's hidden rows
         if admitted or (self._ragged_mode(running)
@@ -781,6 +787,11 @@ class BatchEngine:
     def _deliver(self, request: _Request, iteration: Iteration) -> None:
         if iteration.drafted:
             request.record.observe(len(iteration.drafted), iteration.num_accepted)
+            request.shadows = []  # the verified drafts tell the same story
+        for shadow in request.shadows:
+            if shadow.follow(iteration.committed):
+                request.record.observe(len(shadow.tokens), shadow.matched)
+        request.shadows = [shadow for shadow in request.shadows if not shadow.settled]
         if iteration.finished:
             self._release(request)  # first: the consumer reads the counters once it has the last iteration
         request.out.put(iteration)

@@ -66,6 +66,36 @@ class DraftRecord:
         return tuple(chances)
 
 
+@dataclass
+class ShadowDraft:
+    """Prompt lookup's drafts that the plan left unverified, followed against the tokens the target commits next.
+
+    A request that decodes plainly learns how its lookup would have fared: its record then moves with what it is
+    writing now (a request that begins to copy its prompt drafts again) instead of staying where its last verified
+    drafts left it. Lookup drafts cost nothing to ask, and a one-hot draft x passes the acceptance test with
+    chance p(x), the chance that the target commits x itself, so a match counts as an accepted draft.
+    """
+
+    tokens: tuple[int, ...]
+    matched: int = 0
+    settled: bool = False  # a committed token differed from its draft, or all drafts matched
+
+    def follow(self, committed: list[int]) -> bool:
+        """Return True when the newly `committed` tokens settle the drafts (then `matched` is final), matching
+        them in order against the drafts not met yet; False while they are still open or already settled."""
+        if self.settled:
+            return False
+        for token in committed:
+            if token != self.tokens[self.matched]:
+                self.settled = True
+                return True
+            self.matched += 1
+            if self.matched == len(self.tokens):
+                self.settled = True
+                return True
+        return False
+
+
 def choose_speculating(candidates: list[DraftCandidate], plain_rows: int, batch_seconds: Callable[[int], float],
                        verify_seconds: Callable[[int], float]) -> list[bool]:
     """Return, per candidate, whether it speculates this step (False: it decodes one token in the batch).

@@ -65,6 +65,17 @@ def test_the_plan_drafts_where_steps_are_flat_and_not_where_every_token_costs_a_
     assert cautious.verify_tokens == cautious.tokens  # nothing drafted: each draft's chance is under 1
 
 
+def test_a_plan_that_leaves_a_copy_unverified_learns_from_it_and_drafts():
+    # Each draft costs 0.6 of a plain token: a chance of 0.5 (a fresh record) does not pay, a learned one does.
+    long_copy = Trace("long copy", "grounded", drafted=(8,) * 8, accepted=(8,) * 8)
+    prices = CallPrices(2, 2.0, {2: 2.0, 3: 2.6, 4: 3.2, 10: 6.8})
+    plain = replay([long_copy], 2, plain_policy, prices.step, requests_per_lane=2)
+    planned = replay([long_copy], 2, plan_policy(4, prices.plain, prices.ragged, 1.0), prices.step,
+                     requests_per_lane=2)
+    assert planned.tokens == plain.tokens
+    assert planned.steps < 0.7 * plain.steps  # its shadows showed lookup right every time, so it drafts
+
+
 def test_call_prices_take_the_cheaper_plain_call_and_interpolate_ragged():
     prices = CallPrices(8, 0.030, {8: 0.032, 16: 0.048, 24: 0.060})
     assert prices.step([1] * 8) == 0.030

@@ -11,8 +11,8 @@ import pytest
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.batch import BatchEngine
-from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, choose_draft_lengths_ragged, choose_speculating,
-                                        drafts_cannot_pay)
+from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, DraftRecord, ShadowDraft,
+                                        choose_draft_lengths_ragged, choose_speculating, drafts_cannot_pay)
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.sampling import SamplingConfig
 
@@ -517,6 +517,51 @@ def test_under_load_the_plan_weighs_the_drafts_prompt_lookup_found_not_the_k_it_
     assert [r.token_ids for r in results] == reference
     assert weighed and all(1 <= k <= 2 for k in weighed), weighed
     assert max(verified) <= 2 and sum(verified) == sum(r.stats.drafted for r in results) > 0
+
+
+def test_a_shadow_draft_settles_at_the_first_token_it_missed_or_when_all_matched():
+    shadow = ShadowDraft((5, 6, 7))
+    assert not shadow.follow([5]) and shadow.matched == 1
+    assert shadow.follow([6, 9, 7]) and shadow.matched == 2  # settled at 9: the 7 after it is not a match
+    assert not shadow.follow([7]) and shadow.matched == 2
+    whole = ShadowDraft((5, 6))
+    assert whole.follow([5, 6, 1]) and whole.matched == 2
+    record = DraftRecord()
+    record.observe(len(shadow.tokens), shadow.matched)
+    assert record.tested[:4] == [1, 1, 1, 0] and record.passed[:4] == [1, 1, 0, 0]
+
+
+@pytest.mark.parametrize("lookup", ["right", "wrong"])
+def test_lookup_drafts_the_plan_leaves_unverified_still_teach_each_requests_record(engine, monkeypatch, lookup):
+    """The plan verifies no draft here, yet each request's record learns how its lookup
+    would have fared, from the tokens the target then commits: always right for a lookup that proposes the
+    target's own continuation, never for one that proposes another token. Texts stay target-only."""
+    from specdec.runtime.drafters import NgramDrafter, Proposal
+
+    prompts = PROMPT_SET[:4]
+    config = GenerationConfig(max_new_tokens=12, drafter="none")
+    answers = [engine.prompt_ids(p) + engine.generate(p, config).token_ids for p in prompts]
+
+    def propose(self, context, k):
+        answer = next(a for a in answers if a[:len(context)] == context)
+        tokens = answer[len(context):len(context) + k]
+        return Proposal(tokens if lookup == "right" else [(t + 1) % engine.vocab_size for t in tokens], None)
+
+    monkeypatch.setattr(NgramDrafter, "propose", propose)
+    monkeypatch.setattr(BatchEngine, "_draft_lengths", lambda self, running, plans, prompt_tokens=0: [0] * len(running))
+    observed = []
+    observe = DraftRecord.observe
+    monkeypatch.setattr(DraftRecord, "observe", lambda self, drafted, accepted: (
+        observed.append((drafted, accepted)), observe(self, drafted, accepted))[1])
+    batch = BatchEngine(engine, max_batch=4, kv_capacity=128)
+    try:
+        results = _burst(batch, prompts, [GenerationConfig(max_new_tokens=12, drafter="ngram")] * 4)
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == [a[len(engine.prompt_ids(p)):] for a, p in zip(answers, prompts)]
+    assert sum(r.stats.drafted for r in results) == 0
+    assert len(observed) > 8
+    assert all(accepted == (drafted if lookup == "right" else 0) for drafted, accepted in observed), observed
 
 
 def test_an_error_in_a_step_ends_that_steps_requests_and_the_scheduler_serves_on(engine, monkeypatch):
