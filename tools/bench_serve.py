@@ -120,6 +120,13 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output", default="benchmarks/out/serve-bench")
     args = parser.parse_args()
+    for flag in ("llama_server", "vllm_python"):
+        if (getattr(args, flag) or "").lower() == "none":
+            setattr(args, flag, None)
+    if args.llama_server and not args.gguf:
+        parser.error("--llama-server needs --gguf (the Q4_1 GGUF it serves)")
+    if args.vllm_python and not args.hf_folder:
+        parser.error("--vllm-python needs --hf-folder (the fp32 Hugging Face folder it serves)")
     try:
         manifest = load_manifest(Path(args.artifact), check_files=False)
     except ArtifactError as err:
