@@ -533,9 +533,9 @@ def test_a_shadow_draft_settles_at_the_first_token_it_missed_or_when_all_matched
 
 @pytest.mark.parametrize("lookup", ["right", "wrong"])
 def test_lookup_drafts_the_plan_leaves_unverified_still_teach_each_requests_record(engine, monkeypatch, lookup):
-    """The plan verifies no draft here, yet each request's record learns how its lookup
-    would have fared, from the tokens the target then commits: always right for a lookup that proposes the
-    target's own continuation, never for one that proposes another token. Texts stay target-only."""
+    """The plan verifies no draft here, yet each request's record learns how its lookup would have fared, from
+    the tokens the target then commits: always right for a lookup that proposes the target's own continuation,
+    never for one that proposes another token. Texts stay target-only."""
     from specdec.runtime.drafters import NgramDrafter, Proposal
 
     prompts = PROMPT_SET[:4]
