@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repo = Path.cwd().resolve()
     try:
+        args.root.resolve().mkdir(parents=True, exist_ok=True)  # a root it cannot write fails before the export
         smollm2 = None if args.no_smollm2 else ensure_smollm2(args.smollm2)
         calls = build_kit(args.root.resolve(), repo, smollm2)
     except (subprocess.CalledProcessError, OSError, StopIteration) as err:

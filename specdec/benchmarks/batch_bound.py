@@ -257,12 +257,24 @@ class CallPrices:
         return self.plain(total) if total == len(fed) else self.ragged(total)
 
 
+def lane_counts(text: str) -> list[int]:
+    """Return the sorted client counts of a comma-separated list such as "2,4,8" (argparse type: a bad list is
+    refused before any work)."""
+    try:
+        counts = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
+    if counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"client counts must be >= 1, got {text!r}")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact", type=Path, help="artifact folder with a ragged-rows graph (specdec export)")
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="the load's prompts (JSON lines)")
-    parser.add_argument("--lanes", default="2,4,8", help="client counts to replay, comma separated (at most the "
+    parser.add_argument("--lanes", type=lane_counts, default="2,4,8", help="client counts to replay, comma separated (at most the "
                         "ragged graph's rows; 1 is priced on that graph too, not the single loop's calls)")
     parser.add_argument("-k", type=int, default=16, help="lookup's K in the recorded runs (the oracle's ceiling)")
     parser.add_argument("--plan-k", type=int, default=4,
@@ -277,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.runtime.batch import DRAFT_MARGIN
 
     try:
-        lanes = sorted({int(n) for n in args.lanes.split(",")})
+        lanes = args.lanes
         # one shared thread pool, as `specdec serve` loads a batching engine
         engine = Engine.load(args.artifact, provider="cpu", threads=args.threads, shared_threads=True)
         started = time.time()

@@ -110,3 +110,13 @@ def test_bound_tool_refuses_a_missing_artifact_in_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "specdec.benchmarks.batch_bound", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and run.stderr.startswith("error:") and len(run.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("lanes", ["x", "0", "2,,4"])
+def test_bound_tool_refuses_bad_lane_counts_before_any_work(tmp_path, lanes, capsys):
+    from specdec.benchmarks.batch_bound import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "none"), "--lanes", lanes])
+    assert exit_info.value.code == 2
+    assert "--lanes" in capsys.readouterr().err.strip().splitlines()[-1]

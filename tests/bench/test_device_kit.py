@@ -125,3 +125,10 @@ def test_build_kit_writes_pieces_kit_and_plan(tmp_path, monkeypatch):
     assert pieces == [f"part{i:02d}" for i in range(1, len(pieces) + 1)] and len(pieces) == 3 + tar_pieces
     assert len(calls) == len(pieces) + 1 and calls[-1].carry == [str(tmp_path / ".device") + "/kit"]
     assert (tmp_path / ".device" / "plan.json").is_file() and "1. carry" in (tmp_path / ".device" / "PLAN.md").read_text()
+
+
+def test_a_root_it_cannot_write_fails_in_one_line_before_any_export(monkeypatch, capsys):
+    monkeypatch.setattr(device_kit, "ensure_smollm2", lambda path: (_ for _ in ()).throw(AssertionError("exported")))
+    assert device_kit.main(["--root", "/proc/specdec-kit"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the kit was not built")
