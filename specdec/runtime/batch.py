@@ -744,7 +744,6 @@ class BatchEngine:
                 where.append(i)
         if not candidates:
             return ks
-        verify_seconds = self._verify_seconds()
         plain_rows = len(running) - len(candidates)
         if prompt_tokens or self._ragged_mode(running):
             plain_step = (self.ragged_costs.seconds if prompt_tokens or self._plain_steps_ragged()
@@ -755,7 +754,7 @@ class BatchEngine:
             for i, k in zip(where, lengths):
                 ks[i] = k
             return ks
-        chosen = choose_speculating(candidates, plain_rows, self.batch_costs.seconds, verify_seconds)
+        chosen = choose_speculating(candidates, plain_rows, self.batch_costs.seconds, self._verify_seconds())
         for i, keep in zip(where, chosen):
             if not keep:
                 ks[i] = 0
