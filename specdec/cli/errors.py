@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,8 +16,33 @@ import click
 from specdec.models.errors import SpecdecError
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (`timeout`, a process manager): raised so the command unwinds as it does on Ctrl-C.
+
+    A BaseException, like KeyboardInterrupt, so that no `except Exception` on the way swallows it."""
+
+
+@contextlib.contextmanager
+def sigterm_unwinds():
+    """Within the block, SIGTERM raises Terminated in the main thread instead of ending the process at once, so
+    an export's staging and scratch folders are removed on the way out (the default handler runs no cleanup)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def one_line_errors(command):
-    """Turn specdec's errors (and a few predictable others) into `Error: ...` and exit code 1."""
+    """Turn specdec's errors (and a few predictable others) into `Error: ...` and exit code 1; Ctrl-C exits 130
+    and SIGTERM (where the command unwinds on it) 143, each with one line."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -25,6 +53,9 @@ def one_line_errors(command):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except Terminated:
+            click.echo("terminated", err=True)
+            sys.exit(128 + signal.SIGTERM)
 
     return wrapper
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from specdec.cli.errors import elapsed_progress, one_line_errors
+from specdec.cli.errors import elapsed_progress, one_line_errors, sigterm_unwinds
 from specdec.models.manifest import FLOAT_DTYPES, TRACE_DEVICES, WEIGHT_DTYPES
 from specdec.cli.options import (json_option, max_new_tokens_option, parse_draft_tokens, provider_option,
                                  threads_option)
@@ -113,7 +113,8 @@ def export(target, draft, output, dtype, weights, device, opset, trust_remote_co
         batch_rows=batch_rows,
         command=" ".join(["specdec"] + sys.argv[1:]),
     )
-    run_export(config, progress)
+    with sigterm_unwinds():
+        run_export(config, progress)
 
 
 @main.command()

@@ -90,3 +90,27 @@ def test_kill_9_of_a_forced_re_export_keeps_the_old_artifact(tiny_sources, tiny_
     _kill_at(_export(source, output, scratch, "--force"), KILL_POINTS[-1])
     assert {p.relative_to(output): p.read_bytes() for p in output.rglob("*") if p.is_file()} == before
     load_manifest(output)
+
+
+def test_sigterm_mid_export_exits_143_in_one_line_and_leaves_nothing_behind(tiny_sources, tmp_path):
+    """SIGTERM (what `timeout` and process managers send) unwinds like Ctrl-C: the staging folder, the scratch
+    folder and the output's parent the export made are all removed, unlike after `kill -9`."""
+    source, _ = tiny_sources["llama"]
+    parent, scratch = tmp_path / "out", tmp_path / "tmp"
+    scratch.mkdir()
+    process = _export(source, parent / "art", scratch)
+    watchdog = threading.Timer(600, process.kill)
+    watchdog.start()
+    try:
+        for line in process.stderr:
+            if KILL_POINTS[0] in line:
+                process.send_signal(signal.SIGTERM)
+                break
+        rest = process.stderr.read()
+        process.wait()
+    finally:
+        watchdog.cancel()
+    assert process.returncode == 128 + signal.SIGTERM, rest
+    assert rest.strip().splitlines()[-1] == "terminated"
+    assert not parent.exists()
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("specdec-export-")] == []
