@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from specdec.cli.errors import echo_record, elapsed_progress, one_line_errors
+from specdec.cli.errors import echo_record, elapsed_progress, one_line_errors, unwinds_on_sigterm
 from specdec.cli.options import (json_option, max_new_tokens_option, minutes_option, prompt_count_option,
                                  seed_option, threads_option)
 
@@ -56,6 +56,7 @@ from specdec.cli.options import (json_option, max_new_tokens_option, minutes_opt
 @threads_option("CPU threads for PyTorch and onnxruntime (default: all cores).")
 @json_option("Print the training record (the manifest's entry) as JSON.")
 @one_line_errors
+@unwinds_on_sigterm
 def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: int | None, steps: int | None,
             data_share: float, sampled_share: float, self_written_share: float, max_new_tokens: int,
             vocab_subset: int, feature_layers: str, generate_dtype: str, train_dtype: str, head_weights: str,

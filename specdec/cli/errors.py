@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import signal
@@ -22,22 +21,26 @@ class Terminated(BaseException):
     A BaseException, like KeyboardInterrupt, so that no `except Exception` on the way swallows it."""
 
 
-@contextlib.contextmanager
-def sigterm_unwinds():
-    """Within the block, SIGTERM raises Terminated in the main thread instead of ending the process at once, so
-    an export's staging and scratch folders are removed on the way out (the default handler runs no cleanup)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def unwinds_on_sigterm(command):
+    """Return `command` run so that SIGTERM raises Terminated in the main thread instead of ending the process at
+    once: its staging folders and temporary files are removed on the way out, as on Ctrl-C (the default handler
+    runs no cleanup). For the commands that write artifacts; `serve` keeps its own graceful shutdown."""
 
-    def raise_terminated(signum, frame):
-        raise Terminated()
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return command(*args, **kwargs)
 
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        def raise_terminated(signum, frame):
+            raise Terminated()
+
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return wrapper
 
 
 def one_line_errors(command):

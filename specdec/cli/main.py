@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from specdec.cli.errors import elapsed_progress, one_line_errors, sigterm_unwinds
+from specdec.cli.errors import elapsed_progress, one_line_errors, unwinds_on_sigterm
 from specdec.models.manifest import FLOAT_DTYPES, TRACE_DEVICES, WEIGHT_DTYPES
 from specdec.cli.options import (json_option, max_new_tokens_option, parse_draft_tokens, provider_option,
                                  threads_option)
@@ -80,6 +80,7 @@ def main() -> None:
                    "requests' drafts in one target call (its weights shared through one data file). 0: none "
                    "(each speculating request is verified in a call of its own).")
 @one_line_errors
+@unwinds_on_sigterm
 def export(target, draft, output, dtype, weights, device, opset, trust_remote_code, force, atol, min_agreement,
            revision, optimize, shared_kv, exact_steps, greedy_head, long_call_attention, batch_rows) -> None:
     """Export a draft and a target model into one validated artifact folder.
@@ -113,8 +114,7 @@ def export(target, draft, output, dtype, weights, device, opset, trust_remote_co
         batch_rows=batch_rows,
         command=" ".join(["specdec"] + sys.argv[1:]),
     )
-    with sigterm_unwinds():
-        run_export(config, progress)
+    run_export(config, progress)
 
 
 @main.command()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from specdec.cli.errors import echo_record, elapsed_progress, one_line_errors
+from specdec.cli.errors import echo_record, elapsed_progress, one_line_errors, unwinds_on_sigterm
 from specdec.cli.options import (json_option, max_new_tokens_option, minutes_option, prompt_count_option,
                                  seed_option, threads_option)
 from specdec.runtime.phrases import PhraseTableConfig
@@ -37,6 +37,7 @@ DEFAULTS = PhraseTableConfig()
 @threads_option("CPU threads for PyTorch (default: all cores).")
 @json_option("Print the table's record (the manifest's entry) as JSON.")
 @one_line_errors
+@unwinds_on_sigterm
 def phrases(artifact: Path, minutes: float, seed: int, prompts: int | None, prompts_file: Path | None,
             max_new_tokens: int, batch: int, max_n: int, min_count: int, min_share: float, threads: int | None,
             as_json: bool) -> None:
