@@ -18,6 +18,7 @@ import numpy as np
 
 from specdec.cli.errors import elapsed_progress, one_line_errors
 from specdec.cli.options import json_option, max_new_tokens_option, provider_option, threads_option
+from specdec.models.extras import missing_dependency
 from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.machine import cpu_model
 
@@ -269,8 +270,8 @@ def _settings(engine, threads: int, genai_options: dict | None, transformers: bo
 def _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress) -> list:
     try:
         from specdec.benchmarks.anchors import load_torch_model, run_transformers
-    except ImportError:
-        progress("transformers anchor skipped: torch/transformers not installed (pip install 'specdec[export]')")
+    except ImportError as err:
+        progress(f"skipped {missing_dependency(err, 'the transformers anchor', 'export')}")
         return []
     source = engine.manifest.target.source
     if not Path(source).exists():

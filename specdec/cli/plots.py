@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec.models.errors import SpecdecError
+from specdec.models.extras import missing_dependency
 
 
 def _pyplot():
@@ -13,8 +13,8 @@ def _pyplot():
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        raise SpecdecError("plots need matplotlib: pip install 'specdec[bench]' (or pass --no-plot)") from None
+    except ImportError as err:
+        raise missing_dependency(err, "plots (--no-plot skips them)", "bench") from None
     return plt
 
 

@@ -11,7 +11,8 @@ import click
 from specdec.cli.errors import one_line_errors
 from specdec.cli.options import draft_tokens_callback, max_batch_callback, provider_option, threads_option
 from specdec.runtime.config import DRAFTER_CHOICES
-from specdec.models.errors import MissingDependencyError, SpecdecError
+from specdec.models.errors import SpecdecError
+from specdec.models.extras import missing_dependency
 
 
 @click.command()
@@ -125,8 +126,8 @@ def _serve_one_process(config, host: str, port: int, log_level: str) -> None:
 
         from specdec.serve.app import create_app
         from specdec.serve.http import uvicorn_config
-    except ImportError:
-        raise MissingDependencyError("the server is not installed; pip install 'specdec[serve]'") from None
+    except ImportError as err:
+        raise missing_dependency(err, "specdec serve", "serve") from None
     failures: list[str] = []
     server: uvicorn.Server | None = None
 

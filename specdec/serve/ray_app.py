@@ -16,7 +16,8 @@ import socket
 import sys
 import threading
 
-from specdec.models.errors import MissingDependencyError, SpecdecError
+from specdec.models.errors import SpecdecError
+from specdec.models.extras import missing_dependency
 from specdec.serve.config import ServeConfig, available_cores
 
 # A local Ray's object store otherwise takes 30% of RAM; replicas pass only small HTTP bodies.
@@ -40,8 +41,8 @@ def _ray_serve():
     try:
         import ray
         from ray import serve
-    except ImportError:
-        raise MissingDependencyError("Ray Serve is not installed; pip install 'specdec[ray]'") from None
+    except ImportError as err:
+        raise missing_dependency(err, "specdec serve --ray", "ray") from None
     return ray, serve
 
 
