@@ -1,17 +1,34 @@
-"""Load generator for `specdec serve`: throughput and TTFT / end-to-end latency percentiles under
-concurrent streaming clients, target-only against speculative, one process against Ray Serve.
+"""Load generator for `specdec serve`: throughput, TTFT, inter-token latency (ITL) and end-to-end
+percentiles and goodput, closed-loop clients or open-loop arrivals, target-only against speculative,
+one process against Ray Serve (or any OpenAI-compatible server on loopback: llama-server, vLLM).
 
     python -m specdec.benchmarks.serve_load artifacts/smollm2 --servers process,ray \
         --concurrency 1,2,4,8 --drafters none,ngram --requests 16 --max-tokens 64
+    python -m specdec.benchmarks.serve_load --url http://127.0.0.1:8000 --rate 0.5,1,2 --seed 0 \
+        --requests 64 --goodput-ttft 0.5 --goodput-itl 0.1 --json
 
 It starts each server itself (`specdec serve` on 127.0.0.1, a free port), or drives running
-ones given with --url (loopback addresses only). Each cell (server, drafter, concurrency) is a
-closed loop: `concurrency` clients, each sending its next request when the last one ended,
-until the cell's requests are spent. Cells run in rounds that alternate servers and drafters,
-so that load from elsewhere on the machine falls on all of them alike. Every request is a
-greedy streamed chat completion, so the texts of the drafters (and servers) must be equal:
-the report counts the prompts where they are not. The run is bounded: --requests per cell,
---time-limit for the whole run (cells not reached are reported as not run), a timeout per request.
+ones given with --url (loopback addresses only). Each cell (server, drafter, load) is either a
+closed loop (--concurrency): `concurrency` clients, each sending its next request when the last one
+ended, until the cell's requests are spent; or an open loop (--rate): requests sent at scheduled times
+(Poisson arrivals seeded by --seed, or evenly spaced) whatever is still running, as vLLM's
+benchmark_serving --request-rate, guidellm and aiperf do. Cells run in rounds that alternate servers
+and drafters, so that load from elsewhere on the machine falls on all of them alike. Every request is
+a greedy streamed chat completion, so the texts of the drafters (and servers) must be equal: the
+report counts the prompts where they are not. The run is bounded: --requests per cell, --time-limit
+for the whole run (cells not reached are reported as not run; an open-loop cell also sends nothing
+after it and cancels what still streams), a timeout per request. The figures follow vLLM's
+definitions (serve_load_stats has them); the client is serve_load_client, the report serve_load_report.
+
+Why not guidellm or aiperf (checked 2026-12-07, guidellm 0.8.1, aiperf 0.13.0): both drive a local
+OpenAI-compatible server at a fixed or Poisson rate from a prompt file of our own and report TTFT/ITL
+percentiles and goodput (aiperf's --goodput; guidellm's goodput profile), so they fit the measurement,
+but not the install: guidellm requires torch, transformers, datasets>=5 and sanic, and pins click~=8.4
+(specdec's venv has 8.5); aiperf needs no torch but pulls ~50 packages (transformers, datasets, dash,
+plotly, kaleido, kubernetes-asyncio, nvidia-ml-py, optuna, pyzmq) and pins pillow~=12.3 and pandas~=2.3.
+Both count tokens client-side with a Hugging Face tokenizer, and neither sends specdec's fields
+(drafter, specdec_stats) nor compares greedy texts across drafters. Run them from a venv of their own
+to cross-check these figures.
 """
 
 from __future__ import annotations
@@ -27,78 +44,22 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 from urllib.parse import urlparse
 
 import click
-import numpy as np
 
 from specdec.benchmarks import PROMPTS_FILE
+from specdec.benchmarks.serve_load_client import run_open_round, run_round
+from specdec.benchmarks.serve_load_report import DRAFTER_LABELS, Cell, markdown, mismatches, plot, summarize
+from specdec.benchmarks.serve_load_stats import ARRIVALS, GoodputTargets, arrival_times
 from specdec.models.errors import SpecdecError
-from specdec.runtime.prompts import PromptCase, load_prompts
+from specdec.runtime.prompts import load_prompts
 
 SERVER_KINDS = ("process", "ray")
-DRAFTER_LABELS = {"none": "target-only", "ngram": "n-gram", "model": "draft model", "auto": "auto"}
 START_TIMEOUT = 300.0  # seconds for a server (a local Ray and its replicas included) to answer /health
-REQUEST_TIMEOUT = 300.0
-
-
-@dataclass
-class Record:
-    """One request as the client saw it."""
-
-    prompt_id: str
-    ok: bool
-    ttft: float | None = None  # seconds from sending to the first non-empty text piece
-    e2e: float | None = None  # seconds from sending to the end of the stream
-    tokens: int = 0  # completion tokens (the usage chunk)
-    text: str = ""
-    error: str | None = None
-    target_calls: int = 0  # from the response's speculative stats
-    drafted: int = 0
-    accepted: int = 0
-
-
-@dataclass
-class Cell:
-    """All requests of one (server, drafter, concurrency) with their wall time."""
-
-    server: str
-    drafter: str
-    concurrency: int
-    records: list[Record] = field(default_factory=list)
-    seconds: float = 0.0  # wall time of the cell's rounds, summed
-    cpu_seconds: float | None = None  # CPU time of the server's processes over those rounds (servers started here)
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Return the q-th percentile (linear interpolation) of `values`, or None when empty."""
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else None
-
-
-def summarize(cell: Cell) -> dict[str, Any]:
-    """Return a cell's figures: requests, errors, tokens, tokens/s, TTFT and e2e p50/p99, tokens per target call."""
-    done = [r for r in cell.records if r.ok]
-    tokens = sum(r.tokens for r in done)
-    ttft = [r.ttft for r in done if r.ttft is not None]
-    e2e = [r.e2e for r in done if r.e2e is not None]
-    calls = sum(r.target_calls for r in done)
-    drafted = sum(r.drafted for r in done)
-    return {
-        "server": cell.server, "drafter": cell.drafter, "concurrency": cell.concurrency,
-        "requests": len(cell.records), "errors": len(cell.records) - len(done), "tokens": tokens,
-        "seconds": cell.seconds, "tokens_per_second": tokens / cell.seconds if cell.seconds > 0 else None,
-        # CPU the server got: cores used on average, and CPU per generated token (its work, whatever it waited)
-        "server_cores": cell.cpu_seconds / cell.seconds if cell.cpu_seconds is not None and cell.seconds else None,
-        "server_cpu_ms_per_token": 1000 * cell.cpu_seconds / tokens if cell.cpu_seconds is not None and tokens else None,
-        "ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90), "ttft_p99": percentile(ttft, 99),
-        "e2e_p50": percentile(e2e, 50), "e2e_p99": percentile(e2e, 99),
-        # decode calls only: the prefill is one call per request whatever the drafter
-        "tokens_per_target_call": (tokens - len(done)) / (calls - len(done)) if calls > len(done) else None,
-        "acceptance_rate": sum(r.accepted for r in done) / drafted if drafted else None,
-    }
 
 
 def check_loopback(url: str) -> str:
@@ -111,89 +72,6 @@ def check_loopback(url: str) -> str:
     if urlparse(url).scheme not in ("http", "https") or not loopback:
         raise SpecdecError(f"--url must be http://127.0.0.1:PORT or another loopback address, got '{url}'")
     return url.rstrip("/")
-
-
-def parse_sse_line(line: str) -> dict | None:
-    """Return the JSON object of one `data: {...}` SSE line; None for [DONE], comments and blanks."""
-    if not line.startswith("data: ") or line == "data: [DONE]":
-        return None
-    return json.loads(line[len("data: "):])
-
-
-async def one_request(client, url: str, model: str | None, case: PromptCase, drafter: str,
-                      max_tokens: int, num_draft_tokens: str | None, plain: bool = False) -> Record:
-    """Send one greedy streamed chat completion and time it; never raises (errors are recorded).
-
-    `plain`: a server that is not specdec (llama-server, vLLM): only OpenAI's own fields are sent.
-    """
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": case.prompt}], "max_tokens": max_tokens,
-                            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    if not plain:
-        body.update(drafter=drafter, specdec_stats=True)
-    if model:
-        body["model"] = model
-    if num_draft_tokens is not None and not plain:
-        body["num_draft_tokens"] = num_draft_tokens if num_draft_tokens == "auto" else int(num_draft_tokens)
-    record = Record(case.id, ok=False)
-    pieces: list[str] = []
-    start = time.perf_counter()
-    try:
-        # A fresh connection per request for other servers: llama-server drops idle keep-alive connections,
-        # and a request sent on one it just closed fails without a response.
-        headers = {"Connection": "close"} if plain else None
-        async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers,
-                                 timeout=REQUEST_TIMEOUT) as reply:
-            if reply.status_code != 200:
-                record.error = f"HTTP {reply.status_code}: {(await reply.aread())[:200]!r}"
-                return record
-            async for line in reply.aiter_lines():
-                event = parse_sse_line(line)
-                if event is None:
-                    continue
-                if "error" in event:
-                    record.error = str(event["error"].get("message"))
-                    return record
-                for choice in event.get("choices", []):
-                    text = choice.get("delta", {}).get("content")
-                    if text:
-                        if record.ttft is None:
-                            record.ttft = time.perf_counter() - start
-                        pieces.append(text)
-                if event.get("usage"):
-                    record.tokens = event["usage"]["completion_tokens"]
-                stats = event.get("specdec")
-                if stats:
-                    record.target_calls = stats.get("target_calls", 0)
-                    record.drafted = stats.get("drafted", 0)
-                    record.accepted = stats.get("accepted", 0)
-    except Exception as err:  # a timeout or a dropped connection is a failed request, not a crash
-        record.error = f"{type(err).__name__}: {err}"
-        return record
-    record.e2e = time.perf_counter() - start
-    record.text = "".join(pieces)
-    record.ok = True
-    return record
-
-
-async def run_round(url: str, model: str | None, cases: Sequence[PromptCase], drafter: str, concurrency: int,
-                    requests: int, offset: int, max_tokens: int, num_draft_tokens: str | None, plain: bool = False
-                    ) -> tuple[list[Record], float]:
-    """Run `requests` requests with `concurrency` closed-loop clients; return the records and the wall time."""
-    import httpx
-
-    queue = list(range(offset, offset + requests))
-    records: list[Record] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
-        async def worker() -> None:
-            while queue:
-                index = queue.pop(0)
-                records.append(await one_request(client, url, model, cases[index % len(cases)], drafter,
-                                                 max_tokens, num_draft_tokens, plain))
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return records, time.perf_counter() - start
 
 
 class ServerProcess:
@@ -288,9 +166,10 @@ def tree_cpu_seconds(root: int) -> float:
     return total
 
 
-def rounds(servers: Sequence[str], drafters: Sequence[str], concurrency: Sequence[int], repeats: int,
-           plain: Sequence[str] = ()) -> Iterator[tuple[int, int, str, str]]:
-    """Yield (concurrency, round, server, drafter) in run order: per concurrency, rounds alternate all pairs.
+def rounds(servers: Sequence[str], drafters: Sequence[str], concurrency: Sequence[float], repeats: int,
+           plain: Sequence[str] = ()) -> Iterator[tuple[float, int, str, str]]:
+    """Yield (load, round, server, drafter) in run order: per load (clients, or an open-loop rate), rounds
+    alternate all pairs.
 
     A `plain` server (not specdec) runs only its own decoding, under the drafter label "none"."""
     for c in concurrency:
@@ -309,49 +188,12 @@ def round_sizes(requests: int, repeats: int, clients: int, min_waves: int = 0) -
             for r in range(repeats)]
 
 
-def mismatches(cells: Sequence[Cell]) -> list[str]:
-    """Return the prompt ids whose greedy texts differ between any two cells (drafters, servers)."""
-    texts: dict[str, set[str]] = {}
-    for cell in cells:
-        for record in cell.records:
-            if record.ok:
-                texts.setdefault(record.prompt_id, set()).add(record.text)
-    return sorted(pid for pid, variants in texts.items() if len(variants) > 1)
-
-
 def _loadavg() -> str:
     """Return the 1-minute load average as text (other work on the machine shows up here)."""
     try:
         return f"{os.getloadavg()[0]:.1f}"
     except OSError:
         return "unknown"
-
-
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def markdown(summaries: Sequence[dict[str, Any]], setup: dict[str, Any]) -> str:
-    """Return the report: setup, one table row per (server, concurrency, drafter), speedup vs target-only."""
-    base = {(s["server"], s["concurrency"]): s for s in summaries if s["drafter"] == "none"}
-    lines = [f"Setup: {setup['setup']}", "", f"Command: `{setup['command']}`", "",
-             "| server | clients | decoding | requests | tok/s | vs target-only | TTFT p50 s | TTFT p90 s | TTFT p99 s "
-             "| e2e p50 s | e2e p99 s | tokens/target call | server cores | server CPU ms/token |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for s in summaries:
-        ref = base.get((s["server"], s["concurrency"]))
-        ratio = (s["tokens_per_second"] / ref["tokens_per_second"]
-                 if ref and s["drafter"] != "none" and s["tokens_per_second"] and ref["tokens_per_second"] else None)
-        requests = f"{s['requests'] - s['errors']}" + (f" ({s['errors']} failed)" if s["errors"] else "")
-        lines.append(f"| {s['server']} | {s['concurrency']} | {DRAFTER_LABELS.get(s['drafter'], s['drafter'])} "
-                     f"| {requests} | {_fmt(s['tokens_per_second'], 1)} | {_fmt(ratio) + 'x' if ratio else '-'} "
-                     f"| {_fmt(s['ttft_p50'])} | {_fmt(s.get('ttft_p90'))} | {_fmt(s['ttft_p99'])} | {_fmt(s['e2e_p50'])} | {_fmt(s['e2e_p99'])} "
-                     f"| {_fmt(s['tokens_per_target_call'])} | {_fmt(s.get('server_cores'))} "
-                     f"| {_fmt(s.get('server_cpu_ms_per_token'), 0)} |")
-    lines += ["", f"Greedy texts equal across drafters and servers: {setup['equal_texts']}"]
-    if setup.get("not_run"):
-        lines.append(f"Not run (time limit): {', '.join(setup['not_run'])}")
-    return "\n".join(lines) + "\n"
 
 
 def _csv(kind: type, text: str, name: str) -> list:
@@ -375,50 +217,77 @@ def _csv(kind: type, text: str, name: str) -> list:
               help="A --url server that is not specdec (llama-server, vLLM): sent only OpenAI's fields, run only "
                    "in the target-only cells, left out of the greedy-text comparison. Repeat for several.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG: tokens/s and TTFT p90 against clients, one line per server and decoding.")
+              help="Write a PNG: tokens/s and TTFT p90 against clients (or --rate), one line per server and "
+                   "decoding.")
 @click.option("--generations", type=click.IntRange(min=1), default=2, show_default=True,
               help="Concurrent generations per server: the process's --max-concurrency, or Ray's replicas "
                    "(one generation each). Engine threads = cores / this in both.")
-@click.option("--concurrency", default="1,2,4,8", show_default=True, help="Client counts to run (comma list).")
+@click.option("--concurrency", "--clients", "concurrency", default="1,2,4,8", show_default=True,
+              help="Closed loop: client counts to run (comma list); each client sends its next request when "
+                   "its last one ended. Not with --rate.")
+@click.option("--rate", "rates", default=None, metavar="R[,R...]",
+              help="Open loop instead of --concurrency: requests per second to send (comma list, one cell "
+                   "each), at scheduled times whatever is still running, so queueing shows in TTFT. A cell "
+                   "sends --requests requests (split over --rounds) unless --time-limit comes first.")
+@click.option("--arrivals", type=click.Choice(ARRIVALS), default="poisson", show_default=True,
+              help="Open loop: 'poisson' draws the gaps between sends from an exponential of mean 1/R (a "
+                   "Poisson process, as vLLM's benchmark_serving); 'constant' sends exactly every 1/R s.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Open loop: seed of the Poisson schedule; each round draws its own from (seed, round), the "
+                   "same for every server and drafter of that round.")
+@click.option("--goodput-ttft", type=click.FloatRange(min=0), default=0.5, show_default=True,
+              help="Goodput target: a request's time to first token, seconds (inclusive).")
+@click.option("--goodput-itl", type=click.FloatRange(min=0), default=0.1, show_default=True,
+              help="Goodput target: a request's mean inter-token latency after its first token, seconds "
+                   "(vLLM's TPOT: (last chunk - first chunk) / (tokens - 1)).")
+@click.option("--goodput-e2el", type=click.FloatRange(min=0), default=None,
+              help="Goodput target: a request's end-to-end latency, seconds (default: none). Goodput is the "
+                   "requests that met every target, per second and as a share of those sent (vLLM's --goodput).")
 @click.option("--drafters", default="none,ngram", show_default=True,
               help="Drafters to compare (comma list of none, ngram, model, auto); 'none' is target-only.")
 @click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto",
               help="K sent with every request (default: the server's).")
 @click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Requests per cell (server x drafter x concurrency), split over --rounds.")
+              help="Requests per cell (server x drafter x clients or rate), split over --rounds.")
 @click.option("--rounds", "repeats", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Rounds per concurrency; each round runs every server x drafter once, alternating.")
+              help="Rounds per load; each round runs every server x drafter once, alternating.")
 @click.option("--min-waves", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Each round sends at least this many requests per client (0: just its share of --requests): a "
-                   "round of one wave (16 requests for 16 clients) is one burst and its tail, a few seconds that "
-                   "the box's noise dominates.")
+              help="Closed loop: each round sends at least this many requests per client (0: just its share of "
+                   "--requests): a round of one wave (16 requests for 16 clients) is one burst and its tail, a "
+                   "few seconds that the box's noise dominates.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="max_tokens of every request.")
 @click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), default=None,
               help="Prompt set (JSON lines with \"prompt\"). Default: specdec's benchmark prompts.")
 @click.option("--model", default=None, help="`model` sent with requests (default: none, the server's).")
 @click.option("--time-limit", type=click.FloatRange(min=1), default=1800.0, show_default=True,
-              help="Seconds for the whole run; no new cell starts after it.")
+              help="Seconds for the whole run; no new cell starts after it. An open-loop cell also sends "
+                   "nothing after it and cancels the requests still streaming (counted as failed).")
 @click.option("--output", type=click.Path(file_okay=False), default=None,
               help="Folder for serve_load.json (every request) and serve_load.md (the table).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summaries as JSON instead of the table.")
-def main(artifact, servers, urls, plain, plot_path, generations, concurrency, drafters, num_draft_tokens, requests,
-         repeats, min_waves, max_tokens, prompts_path, model, time_limit, output, as_json) -> None:
-    """Drive specdec serve (and other OpenAI servers) with concurrent streaming clients on loopback; print
-    throughput and latency."""
+@click.option("--json", "as_json", is_flag=True, help="Print the setup and every cell's figures as JSON instead "
+                                                      "of the table.")
+@click.pass_context
+def main(ctx, **options) -> None:
+    """Drive specdec serve (and other OpenAI servers) with streaming clients on loopback, closed loop or at a
+    fixed request rate; print throughput, latency percentiles and goodput."""
+    if options["rates"] is not None and ctx.get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("give --concurrency (closed loop) or --rate (open loop), not both")
     try:
-        _main(artifact, servers, urls, generations, concurrency, drafters, num_draft_tokens, requests, repeats,
-              max_tokens, prompts_path, model, time_limit, output, as_json, plain, plot_path, min_waves)
+        _main(**options)
     except SpecdecError as err:
         raise click.ClickException(str(err)) from None
 
 
-def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft_tokens, requests, repeats,
-          max_tokens, prompts_path, model, time_limit, output, as_json, plain=(), plot_path=None,
-          min_waves=0) -> None:
-    clients = _csv(int, concurrency, "--concurrency")
-    if min(clients) < 1:
-        raise click.BadParameter("client counts must be >= 1", param_hint="--concurrency")
+def _main(*, artifact, servers, urls, plain, plot_path, generations, concurrency, rates, arrivals, seed,
+          goodput_ttft, goodput_itl, goodput_e2el, drafters, num_draft_tokens, requests, repeats, min_waves,
+          max_tokens, prompts_path, model, time_limit, output, as_json) -> None:
+    open_loop = rates is not None
+    loads: list[float] = _csv(float, rates, "--rate") if open_loop else _csv(int, concurrency, "--concurrency")
+    if min(loads) <= 0 or (not open_loop and min(loads) < 1):
+        raise click.BadParameter("must be > 0" if open_loop else "client counts must be >= 1",
+                                 param_hint="--rate" if open_loop else "--concurrency")
+    targets_met = GoodputTargets(ttft=goodput_ttft, itl=goodput_itl, e2el=goodput_e2el)
     drafter_list = _csv(str, drafters, "--drafters")
     bad = [d for d in drafter_list if d not in DRAFTER_LABELS]
     if bad:
@@ -435,9 +304,10 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
     if kinds and not artifact:
         raise click.UsageError("give ARTIFACT to start servers, or --url for running ones")
     cores = os.cpu_count() or 1
-    started = time.monotonic()
+    started = time.perf_counter()
+    deadline = started + time_limit
     load_before = _loadavg()
-    cells: dict[tuple[str, str, int], Cell] = {}
+    cells: dict[tuple[str, str, float], Cell] = {}
     not_run: list[str] = []
     started_here: dict[str, ServerProcess] = {}
     with ExitStack() as stack:
@@ -453,31 +323,49 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
         for name, url in targets.items():  # warm-up: the first request of a drafter loads and calibrates
             for drafter in (["none"] if name in plain else drafter_list):
                 asyncio.run(run_round(url, model, cases, drafter, 1, 1, 0, 8, num_draft_tokens, name in plain))
-        for c, repeat, name, drafter in rounds(list(targets), drafter_list, clients, repeats, plain):
-            key = (name, drafter, c)
-            cell = cells.setdefault(key, Cell(name, drafter, c))
-            if time.monotonic() - started > time_limit:
-                not_run.append(f"{name}/{drafter}/c{c}/round{repeat + 1}")
+        for load, repeat, name, drafter in rounds(list(targets), drafter_list, loads, repeats, plain):
+            key = (name, drafter, load)
+            cell = cells.setdefault(key, Cell(name, drafter, None if open_loop else int(load),
+                                              rate=load if open_loop else None))
+            label = f"{load:g} req/s" if open_loop else f"clients {int(load):2d}"
+            if time.perf_counter() > deadline:
+                not_run.append(f"{name}/{drafter}/{'r' if open_loop else 'c'}{load:g}/round{repeat + 1}")
                 continue
             process = started_here.get(name)
             cpu_before = process.cpu_seconds() if process else None
-            # rounds start at different prompts, so each round's first requests are not always the same ones
-            records, seconds = asyncio.run(run_round(targets[name], model, cases, drafter, c,
-                                                     round_sizes(requests, repeats, c, min_waves)[repeat],
-                                                     repeat * c, max_tokens, num_draft_tokens, name in plain))
+            sizes = round_sizes(requests, repeats, 1 if open_loop else int(load), 0 if open_loop else min_waves)
+            if open_loop:
+                # every server and drafter of a round gets the same schedule and prompts
+                schedule = arrival_times(sizes[repeat], load, (seed, repeat), arrivals)
+                records, seconds, unsent = asyncio.run(run_open_round(
+                    targets[name], model, cases, drafter, schedule, sum(sizes[:repeat]), max_tokens,
+                    num_draft_tokens, name in plain, deadline))
+                cell.send_times.append([r.sent for r in records if r.sent is not None])
+                cell.not_sent += unsent
+            else:
+                # rounds start at different prompts, so each round's first requests are not always the same ones
+                records, seconds = asyncio.run(run_round(targets[name], model, cases, drafter, int(load),
+                                                         sizes[repeat], repeat * int(load), max_tokens,
+                                                         num_draft_tokens, name in plain))
+                unsent = 0
             cell.records += records
             cell.seconds += seconds
             if process is not None:
                 cell.cpu_seconds = (cell.cpu_seconds or 0.0) + process.cpu_seconds() - cpu_before
-            failed = sum(not r.ok for r in records)
-            click.echo(f"  {name:8s} {drafter:6s} clients {c:2d} round {repeat + 1}: {len(records)} requests "
-                       f"in {seconds:6.1f} s, {sum(r.tokens for r in records) / seconds:6.1f} tok/s"
+            failed = [r for r in records if not r.ok]
+            click.echo(f"  {name:8s} {drafter:6s} {label} round {repeat + 1}: {len(records)} requests "
+                       f"in {seconds:6.1f} s, {sum(r.tokens for r in records) / max(seconds, 1e-9):6.1f} tok/s"
+                       + (f", {unsent} not sent (time limit)" if unsent else "")
                        + (f", server CPU {cell.cpu_seconds:.1f} s so far" if process is not None else "")
-                       + (f", {failed} failed ({records[[r.ok for r in records].index(False)].error})"
-                          if failed else ""), err=True)
-    summaries = [summarize(cells[key]) for key in sorted(cells, key=lambda k: (list(targets).index(k[0]), k[2],
-                                                                               drafter_list.index(k[1])))]
+                       + (f", {len(failed)} failed ({failed[0].error})" if failed else ""), err=True)
+    order = list(targets)
+    summaries = [summarize(cells[key], targets_met)
+                 for key in sorted(cells, key=lambda k: (order.index(k[0]), k[2], drafter_list.index(k[1])))]
     differ = mismatches([cell for cell in cells.values() if cell.server not in plain])
+    goal = ", ".join(f"{what} <= {bound:g} s" for what, bound in (("TTFT", targets_met.ttft),
+                     ("TPOT", targets_met.itl), ("e2e", targets_met.e2el)) if bound is not None)
+    load_text = (f"open loop: {arrivals} arrivals at {', '.join(f'{r:g}' for r in loads)} requests/s (seed {seed})"
+                 if open_loop else "closed-loop clients")
     setup = {
         "setup": (f"{cores} cores; servers {', '.join(targets)}; "
                   + (f"{generations} concurrent generations per server (engine threads {max(1, cores // generations)} "
@@ -485,9 +373,11 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
                   + f"{len(cases)} prompts "
                   f"({Path(prompts_path or PROMPTS_FILE).name}), streamed greedy chat completions, max_tokens "
                   f"{max_tokens}; {requests} requests per cell in {repeats} alternating rounds"
-                  + (f" (at least {min_waves} per client a round)" if min_waves else "") + "; closed-loop clients; "
-                  f"machine load average {load_before} at the start, {_loadavg()} at the end"),
+                  + (f" (at least {min_waves} per client a round)" if min_waves and not open_loop else "")
+                  + f"; {load_text}; machine load average {load_before} at the start, {_loadavg()} at the end"),
         "command": " ".join(["python -m specdec.benchmarks.serve_load", *sys.argv[1:]]),
+        "mode": "open" if open_loop else "closed",
+        "goodput": goal or "no target",
         "equal_texts": "yes" if not differ else f"no: prompts {', '.join(differ)} differ",
         "not_run": not_run,
     }
@@ -503,37 +393,6 @@ def _main(artifact, servers, urls, generations, concurrency, drafters, num_draft
     if plot_path:
         plot(summaries, plot_path)
     click.echo(json.dumps({"setup": setup, "summaries": summaries}, indent=1) if as_json else table)
-
-
-def plot(summaries: Sequence[dict[str, Any]], path: str) -> None:
-    """Write a PNG: aggregate tokens/s (left) and TTFT p90 (right) against clients, a line per server x decoding."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for s in summaries:
-        lines.setdefault((s["server"], s["drafter"]), []).append(s)
-    for (server, drafter), points in lines.items():
-        points = sorted(points, key=lambda s: s["concurrency"])
-        label = f"{server}, {DRAFTER_LABELS.get(drafter, drafter)}"
-        clients = [s["concurrency"] for s in points]
-        left.plot(clients, [s["tokens_per_second"] or 0 for s in points], marker="o", label=label)
-        right.plot(clients, [s.get("ttft_p90") or 0 for s in points], marker="o", label=label)
-    ticks = sorted({s["concurrency"] for s in summaries})
-    for axis, title in ((left, "aggregate output tokens/s"), (right, "time to first token, p90 (s)")):
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(ticks, [str(t) for t in ticks])
-        axis.set_xlabel("streaming clients")
-        axis.set_title(title)
-        axis.grid(alpha=0.3)
-    right.set_yscale("log")
-    left.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
 
 
 if __name__ == "__main__":

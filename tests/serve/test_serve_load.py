@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from specdec.benchmarks import serve_load
-from specdec.benchmarks.serve_load import Cell, Record
+from specdec.benchmarks.serve_load_client import Record, parse_sse_line
+from specdec.benchmarks.serve_load_report import Cell, mismatches, summarize
 from specdec.models.errors import SpecdecError
 from tests.serve.conftest import MODEL
 
@@ -38,14 +39,34 @@ def test_summary_figures_by_hand():
         Record("a", ok=True, ttft=0.1, e2e=1.0, tokens=10, target_calls=5, drafted=12, accepted=6),
         Record("b", ok=True, ttft=0.3, e2e=3.0, tokens=30, target_calls=11, drafted=20, accepted=14),
         Record("c", ok=False, error="HTTP 429")])
-    s = serve_load.summarize(cell)
+    s = summarize(cell)
     assert (s["requests"], s["errors"], s["tokens"]) == (3, 1, 40)
     assert s["tokens_per_second"] == 10.0
     assert s["ttft_p50"] == pytest.approx(0.2) and s["ttft_p99"] == pytest.approx(0.298)
     assert s["e2e_p50"] == pytest.approx(2.0)
     assert s["tokens_per_target_call"] == pytest.approx((40 - 2) / (16 - 2))  # prefill calls left out
     assert s["acceptance_rate"] == pytest.approx(20 / 32)
-    assert serve_load.summarize(Cell("s", "none", 1))["ttft_p50"] is None
+    assert summarize(Cell("s", "none", 1))["ttft_p50"] is None
+
+
+def test_open_loop_summary_by_hand():
+    from specdec.benchmarks.serve_load_stats import GoodputTargets
+
+    cell = Cell("s", "none", None, rate=2.0, seconds=4.0, send_times=[[0.0, 0.5, 1.0]], records=[
+        # one token per chunk, 0.2 s apart: ITL 0.2 x 4, TPOT 0.8 / 4 = 0.2 (misses the 0.1 s target)
+        Record("a", ok=True, ttft=0.2, e2e=1.0, tokens=5, chunk_times=[0.2, 0.4, 0.6, 0.8, 1.0]),
+        # a chunk of 4 tokens 0.2 s after the first: ITL 0.05 x 4, TPOT 0.05
+        Record("b", ok=True, ttft=0.1, e2e=0.5, tokens=5, chunk_times=[0.1, 0.3], chunk_tokens=[1, 5]),
+        Record("c", ok=False, error="cancelled at the time limit")])
+    s = summarize(cell)
+    assert (s["requests"], s["errors"], s["tokens"], s["rate"], s["concurrency"]) == (3, 1, 10, 2.0, None)
+    assert s["tokens_per_second"] == 2.5 and s["request_throughput"] == 0.5 and s["send_rate"] == 2.0
+    assert s["itl_p50"] == pytest.approx(0.125) and s["itl_p90"] == pytest.approx(0.2)  # 4 x 0.05, 4 x 0.2
+    assert s["tpot_p50"] == pytest.approx(0.125) and s["ttft_p50"] == pytest.approx(0.15)
+    assert s["good_requests"] == 1 and s["goodput"] == 0.25 and s["goodput_share"] == pytest.approx(1 / 3)
+    loose = summarize(cell, GoodputTargets(ttft=0.5, itl=0.25))
+    assert loose["good_requests"] == 2 and loose["goodput_targets"] == {"ttft": 0.5, "itl": 0.25, "e2el": None}
+    assert summarize(cell, GoodputTargets(ttft=0.5, itl=0.25, e2el=0.9))["good_requests"] == 1  # a's e2e is 1.0
 
 
 def test_rounds_alternate_and_mismatches_are_found():
@@ -54,12 +75,12 @@ def test_rounds_alternate_and_mismatches_are_found():
                          (1, 1, "r", "ngram"), (1, 1, "r", "none"), (1, 1, "p", "ngram"), (1, 1, "p", "none")]
     assert len(order) == 16 and {o[0] for o in order[8:]} == {4}
     same = [Cell("p", d, 1, records=[Record("x", ok=True, text="hi")]) for d in ("none", "ngram")]
-    assert serve_load.mismatches(same) == []
+    assert mismatches(same) == []
     same[1].records.append(Record("y", ok=True, text="a"))
     same[0].records.append(Record("y", ok=True, text="b"))
-    assert serve_load.mismatches(same) == ["y"]
-    assert serve_load.parse_sse_line("data: [DONE]") is None and serve_load.parse_sse_line(": ping") is None
-    assert serve_load.parse_sse_line('data: {"a": 1}') == {"a": 1}
+    assert mismatches(same) == ["y"]
+    assert parse_sse_line("data: [DONE]") is None and parse_sse_line(": ping") is None
+    assert parse_sse_line('data: {"a": 1}') == {"a": 1}
 
 
 def test_a_short_run_against_the_live_server(server, tmp_path):

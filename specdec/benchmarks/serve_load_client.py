@@ -1,0 +1,169 @@
+"""The load generator's client side: one streamed chat completion timed chunk by chunk, a closed-loop
+round (N clients, each sending its next request when the last one ended) and an open-loop round
+(requests sent at scheduled times whatever is still running, stopped at a deadline)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from specdec.runtime.prompts import PromptCase
+
+REQUEST_TIMEOUT = 300.0
+
+
+@dataclass
+class Record:
+    """One request as the client saw it."""
+
+    prompt_id: str
+    ok: bool
+    ttft: float | None = None  # seconds from sending to the first non-empty text piece
+    e2e: float | None = None  # seconds from sending to the end of the stream
+    tokens: int = 0  # completion tokens (the usage chunk)
+    text: str = ""
+    error: str | None = None
+    target_calls: int = 0  # from the response's speculative stats
+    drafted: int = 0
+    accepted: int = 0
+    sent: float | None = None  # open loop: seconds from the round's start to sending
+    chunk_times: list[float] = field(default_factory=list)  # seconds from sending to each chunk with text
+    # completion tokens so far reported with each text chunk (vLLM's continuous_usage_stats); empty if not
+    chunk_tokens: list[int] = field(default_factory=list)
+
+
+def parse_sse_line(line: str) -> dict | None:
+    """Return the JSON object of one `data: {...}` SSE line; None for [DONE], comments and blanks."""
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return None
+    return json.loads(line[len("data: "):])
+
+
+async def one_request(client, url: str, model: str | None, case: PromptCase, drafter: str,
+                      max_tokens: int, num_draft_tokens: str | None, plain: bool = False) -> Record:
+    """Send one greedy streamed chat completion and time each text chunk; never raises (errors are recorded).
+
+    `plain`: a server that is not specdec (llama-server, vLLM): only OpenAI's own fields are sent.
+    """
+    # continuous_usage_stats: vLLM then reports the running token count with every chunk, so a chunk of
+    # several tokens counts as several gaps (serve_load_stats.inter_token_latencies); others ignore it
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": case.prompt}], "max_tokens": max_tokens,
+                            "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    if not plain:
+        body.update(drafter=drafter, specdec_stats=True)
+    if model:
+        body["model"] = model
+    if num_draft_tokens is not None and not plain:
+        body["num_draft_tokens"] = num_draft_tokens if num_draft_tokens == "auto" else int(num_draft_tokens)
+    record = Record(case.id, ok=False)
+    pieces: list[str] = []
+    start = time.perf_counter()
+    try:
+        # A fresh connection per request for other servers: llama-server drops idle keep-alive connections,
+        # and a request sent on one it just closed fails without a response.
+        headers = {"Connection": "close"} if plain else None
+        async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers,
+                                 timeout=REQUEST_TIMEOUT) as reply:
+            if reply.status_code != 200:
+                record.error = f"HTTP {reply.status_code}: {(await reply.aread())[:200]!r}"
+                return record
+            async for line in reply.aiter_lines():
+                event = parse_sse_line(line)
+                if event is None:
+                    continue
+                now = time.perf_counter() - start
+                if "error" in event:
+                    record.error = str(event["error"].get("message"))
+                    return record
+                text = "".join(choice.get("delta", {}).get("content") or "" for choice in event.get("choices", []))
+                if text:
+                    record.chunk_times.append(now)
+                    pieces.append(text)
+                    if (event.get("usage") or {}).get("completion_tokens") is not None:
+                        record.chunk_tokens.append(event["usage"]["completion_tokens"])
+                if event.get("usage"):
+                    record.tokens = event["usage"]["completion_tokens"]
+                stats = event.get("specdec")
+                if stats:
+                    record.target_calls = stats.get("target_calls", 0)
+                    record.drafted = stats.get("drafted", 0)
+                    record.accepted = stats.get("accepted", 0)
+    except Exception as err:  # a timeout or a dropped connection is a failed request, not a crash
+        record.error = f"{type(err).__name__}: {err}"
+        return record
+    record.e2e = time.perf_counter() - start
+    record.ttft = record.chunk_times[0] if record.chunk_times else None
+    if len(record.chunk_tokens) != len(record.chunk_times):  # counts on some chunks only: not usable
+        record.chunk_tokens = []
+    record.text = "".join(pieces)
+    record.ok = True
+    return record
+
+
+def _client(connections: int | None):
+    import httpx
+
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(limits=limits, trust_env=False)
+
+
+async def run_round(url: str, model: str | None, cases: Sequence[PromptCase], drafter: str, concurrency: int,
+                    requests: int, offset: int, max_tokens: int, num_draft_tokens: str | None, plain: bool = False
+                    ) -> tuple[list[Record], float]:
+    """Run `requests` requests with `concurrency` closed-loop clients; return the records and the wall time."""
+    queue = list(range(offset, offset + requests))
+    records: list[Record] = []
+    async with _client(concurrency) as client:
+        async def worker() -> None:
+            while queue:
+                index = queue.pop(0)
+                records.append(await one_request(client, url, model, cases[index % len(cases)], drafter,
+                                                 max_tokens, num_draft_tokens, plain))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return records, time.perf_counter() - start
+
+
+async def run_open_round(url: str, model: str | None, cases: Sequence[PromptCase], drafter: str,
+                         arrivals: Sequence[float], offset: int, max_tokens: int, num_draft_tokens: str | None,
+                         plain: bool = False, deadline: float = float("inf")) -> tuple[list[Record], float, int]:
+    """Send request i at `arrivals[i]` seconds after the start, whatever is still running (open loop).
+
+    `deadline` (a time.perf_counter() value) ends the round: no request is sent after it, and requests
+    still streaming then are cancelled and recorded as failed. Return the records (in send order), the
+    wall time from the first send to the last end (or the deadline), and how many were never sent.
+    """
+    async with _client(None) as client:  # no connection cap: the schedule, not a pool, sets the load
+        start = time.perf_counter()
+        sent: list[tuple[Record, asyncio.Task]] = []
+        for i, at in enumerate(arrivals):
+            if start + at > deadline:
+                break
+            # absolute times: a late send does not push the later ones back (vLLM sleeps gap after gap)
+            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+            case = cases[(offset + i) % len(cases)]
+            placeholder = Record(case.id, ok=False, sent=time.perf_counter() - start)
+            sent.append((placeholder, asyncio.create_task(
+                one_request(client, url, model, case, drafter, max_tokens, num_draft_tokens, plain))))
+        tasks = [task for _, task in sent]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.perf_counter()))
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        seconds = time.perf_counter() - start
+    records = []
+    for placeholder, task in sent:
+        if task.cancelled():
+            placeholder.error = "cancelled at the time limit"
+            records.append(placeholder)
+        else:
+            record = task.result()
+            record.sent = placeholder.sent
+            records.append(record)
+    return records, seconds, len(arrivals) - len(sent)
