@@ -23,6 +23,10 @@ SCRIPT = textwrap.dedent("""
     result = engine.generate("The quick brown fox", GenerationConfig(max_new_tokens=12, num_draft_tokens=3))
     sampled = engine.generate("Hello", GenerationConfig(max_new_tokens=8, temperature=0.9, drafter="ngram"))
     assert len(result.token_ids) == 12 and sampled.token_ids
+    from tokenizers import Tokenizer  # structured outputs: the grammar engine must not pull them in either
+    from specdec.runtime.grammar import GrammarSpec, compile_grammar, grammar_tokenizer
+    adapter = grammar_tokenizer(Tokenizer.from_file(sys.argv[1] + "/tokenizer/tokenizer.json"), [2])
+    assert compile_grammar(GrammarSpec("json_object"), adapter).start(adapter.vocab_size).allowed([])[1].any()
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
     assert not loaded, loaded
     print("runtime ok without", ", ".join(BLOCKED))
