@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# What a lent CUDA machine needs for `specdec.benchmarks.device_check`, in pieces the device tool can
+# What a lent CUDA machine needs for `specdec.certify.device_check`, in pieces the device tool can
 # carry, and the calls to make (.device/PLAN.md).
 device-kit: $(STAMP)
 	$(BIN)/python tools/device_kit.py --root .device
@@ -57,7 +57,7 @@ bench-quick: $(STAMP) $(ARTIFACT)/specdec.json
 
 # The 12 held-out prompts the defaults were checked on (no anchors: ~3.5 min on 2 cores).
 bench-heldout: $(STAMP) $(ARTIFACT)/specdec.json
-	$(BIN)/specdec bench $(ARTIFACT) --prompts specdec/benchmarks/prompts-heldout.jsonl --no-anchors \
+	$(BIN)/specdec bench $(ARTIFACT) --prompts specdec/data/prompts-heldout.jsonl --no-anchors \
 		--output benchmarks/out/heldout --results benchmarks/RESULTS-heldout.md
 
 # A trained draft head for SmolLM2 (specdec distill, docs/DISTILL.md), in a copy of the artifact so the

@@ -62,5 +62,51 @@ def test_the_import_graph_has_no_cycle():
             visit(name, [name])
 
 
+# Lower layers never import higher ones, and the packages of one layer not each other: the runtime runs
+# without the exporter's torch or the server's FastAPI, and nothing below the CLI needs click's commands.
+LAYERS = (
+    ("models", "data"),  # the artifact contract, per-architecture facts, specdec's errors; shipped prompt sets
+    ("runtime", "console"),  # the decoding engine; the plumbing every command line shares
+    ("exporter", "serve"),  # building artifacts; serving them over HTTP
+    ("benchmarks", "certify"),  # measuring; the device check a new machine runs
+    ("cli",),  # `specdec ...`
+)
+
+
+def _layer(module: str) -> int:
+    """Return the layer of a specdec module (-1 for the package itself: its __init__ imports nothing)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return -1
+    for rank, packages in enumerate(LAYERS):
+        if parts[1] in packages:
+            return rank
+    raise AssertionError(f"{module}: specdec.{parts[1]} has no layer in LAYERS; give it one")
+
+
+def _layer_breaches(modules: dict[str, Path]) -> list[str]:
+    """Return 'importer -> imported' for every import of a higher layer or of another package of the same one."""
+    breaches = []
+    for name, path in modules.items():
+        for dep in sorted(_imports(path, modules)):
+            own, other = name.split(".")[:2], dep.split(".")[:2]
+            if own != other and _layer(dep) >= _layer(name):
+                breaches.append(f"{name} -> {dep}")
+    return breaches
+
+
+def test_imports_point_down_the_layers():
+    assert _layer_breaches(_modules()) == []
+
+
+def test_the_layer_check_sees_an_import_of_a_higher_layer(tmp_path):
+    (tmp_path / "errors.py").write_text("def f():\n    from specdec.cli.main import main\n")  # deferred counts
+    (tmp_path / "peer.py").write_text("from specdec.serve.config import ServeConfig\n")
+    planted = {"specdec.models.errors": tmp_path / "errors.py", "specdec.exporter.peer": tmp_path / "peer.py"}
+    breaches = _layer_breaches({**_modules(), **planted})
+    assert [b for b in breaches if b.split(" ->")[0] in planted] == [
+        "specdec.models.errors -> specdec.cli.main", "specdec.exporter.peer -> specdec.serve.config"]
+
+
 def test_decode_is_algorithm_1_on_one_screen():
     assert len(inspect.getsource(loop.decode).splitlines()) <= 45

@@ -101,7 +101,7 @@ def check_command(root: str, wheel: Packed, specdec_wheel: str, tiny_artifacts: 
         f"{root}/kit/{specdec_wheel} >&2",
         # CUDA 13 puts its libraries in nvidia/cu13/lib, cuDNN in nvidia/cudnn/lib: the glob finds both
         f'export LD_LIBRARY_PATH="$(python3 -c "{lib_dirs}")"',
-        f"PYTHONPATH=/tmp/site timeout {RUN_SECONDS} python3 -m specdec.benchmarks.device_check "
+        f"PYTHONPATH=/tmp/site timeout {RUN_SECONDS} python3 -m specdec.certify.device_check "
         + " ".join(artifacts)
         + f" --provider cuda --reference cpu --max-new-tokens {MAX_NEW_TOKENS} --output $OUT/device_check.json",
     ]

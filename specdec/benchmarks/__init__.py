@@ -1,9 +1,9 @@
 """specdec's benchmark suite (`specdec bench`): configurations side by side, anchors, reports.
 
-Installed as `specdec.benchmarks`; `prompts.jsonl` (the versioned prompt set) ships with it.
+The prompt sets it measures on ship in specdec.data (the exporter reads them too); named here as well, the
+bench's default set.
 """
 
-from pathlib import Path
+from specdec.data import PROMPT_SET_VERSION, PROMPTS_FILE
 
-PROMPTS_FILE = Path(__file__).with_name("prompts.jsonl")
-PROMPT_SET_VERSION = 1  # bump when prompts.jsonl changes: results are only comparable within a version
+__all__ = ["PROMPTS_FILE", "PROMPT_SET_VERSION"]

@@ -33,11 +33,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from specdec.data import PROMPTS_FILE
 from specdec.runtime.machine import cpu_model
 from specdec.runtime.batch_plan import DraftCandidate, DraftRecord, choose_draft_lengths_ragged
 from specdec.runtime.prompts import PromptCase, load_prompts
 
-DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
+DEFAULT_PROMPTS = PROMPTS_FILE
 RAGGED_TOTALS_PER_ROW = (1, 1.5, 2, 3, 4, 6, 8)  # tokens per row of the timed ragged calls (totals spread evenly)
 
 

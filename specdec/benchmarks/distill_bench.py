@@ -2,7 +2,7 @@
 
     python -m specdec.benchmarks.distill_bench ART [--plain PLAIN_ART] [--repeats 2] [--json]
 
-Per prompt of specdec/benchmarks/prompts.jsonl and prompts-heldout.jsonl: decode tok/s of each
+Per prompt of specdec/data/prompts.jsonl and prompts-heldout.jsonl: decode tok/s of each
 configuration over target-only's in the same repeat (configurations alternate inside a
 repeat, so a busy machine slows all alike), per-token acceptance (alpha), acceptance per
 draft position, the draft's cost c, and Theorem 3.8's speedup for the measured alpha and c.
@@ -20,9 +20,9 @@ from pathlib import Path
 import click
 import numpy as np
 
+from specdec.data import HELDOUT_PROMPTS_FILE, PROMPTS_FILE
 from specdec.runtime.engine import Engine, GenerationConfig
 
-ROOT = Path(__file__).resolve().parent
 GREEDY = {"open": [("eagle K=1", dict(drafter="eagle", num_draft_tokens=1)),
                    ("eagle K=3", dict(drafter="eagle", num_draft_tokens=3)),
                    ("eagle auto", dict(drafter="eagle", num_draft_tokens="auto"))],
@@ -34,10 +34,10 @@ SAMPLED = [("eagle K=1 T=0.7", dict(drafter="eagle", num_draft_tokens=1, tempera
 
 def _prompts() -> list[dict]:
     rows = []
-    for name in ("prompts.jsonl", "prompts-heldout.jsonl"):
-        for line in (ROOT / name).read_text().splitlines():
+    for path in (PROMPTS_FILE, HELDOUT_PROMPTS_FILE):
+        for line in path.read_text().splitlines():
             if line.strip():
-                rows.append({**json.loads(line), "set": name})
+                rows.append({**json.loads(line), "set": path.name})
     return rows
 
 

@@ -25,7 +25,7 @@ import click
 import numpy as np
 
 from specdec.benchmarks.runner import BASELINE, BenchConfig, Run, run_bench
-from specdec.cli.errors import one_line_errors
+from specdec.console import one_line_errors
 
 FP32_CONFIGS = [BenchConfig(BASELINE, "none"), BenchConfig("int4 draft auto", "model", "auto"),
                 BenchConfig("ngram auto", "ngram", "auto"), BenchConfig("ngram+int4 draft auto", "ngram+model", "auto")]
@@ -230,7 +230,7 @@ def plot(doc: dict, path: Path) -> None:
 @click.option("--genai-int4", type=click.Path(path_type=Path), default=None,
               help="genai's int4 build (make anchors-genai-int4).")
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
-              help="JSON-lines prompt set (default: specdec/benchmarks/prompts.jsonl).")
+              help="JSON-lines prompt set (default: specdec/data/prompts.jsonl).")
 @click.option("--max-new-tokens", type=click.IntRange(2, 4096), default=128, show_default=True,
               help="Greedy tokens per prompt and run.")
 @click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True,
@@ -249,9 +249,9 @@ def main(fp32_artifact, int4_artifact, genai_python, genai_int4, prompts_file, m
     """Run the int4 rows side by side, alternating, and report them against issue 18's goals."""
     import datetime as _dt
 
-    from specdec.benchmarks import PROMPTS_FILE
+    from specdec.data import PROMPTS_FILE
     from specdec.benchmarks.genai_anchor import GenaiWorker, session_options
-    from specdec.cli.errors import elapsed_progress
+    from specdec.console import elapsed_progress
     from specdec.runtime.engine import Engine
     from specdec.runtime.prompts import load_prompts
 

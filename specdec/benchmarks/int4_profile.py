@@ -25,7 +25,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from specdec.cli.errors import one_line_errors
+from specdec.console import one_line_errors
 
 SHAPES = (1, 5)  # tokens per call: a decoding step and a 4-draft verify call
 
@@ -185,7 +185,7 @@ def main(int4_artifacts, genai_int4, past, calls, threads, output, as_json) -> N
     import datetime as _dt
     import os
 
-    from specdec.cli.errors import elapsed_progress
+    from specdec.console import elapsed_progress
 
     graphs = profile(list(int4_artifacts), genai_int4, past, calls, threads, elapsed_progress())
     doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

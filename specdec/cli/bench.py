@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from specdec.cli.errors import elapsed_progress, one_line_errors
 from specdec.cli.options import json_option, max_new_tokens_option, provider_option, threads_option
+from specdec.console import elapsed_progress, one_line_errors
 from specdec.models.extras import missing_dependency
 from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.machine import cpu_model
@@ -86,7 +86,7 @@ def _versions() -> dict[str, str]:
 @click.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
-              help="JSON-lines prompt set (default: the versioned set shipped with specdec, specdec/benchmarks/prompts.jsonl).")
+              help="JSON-lines prompt set (default: the versioned set shipped with specdec, specdec/data/prompts.jsonl).")
 @max_new_tokens_option(128, "Tokens generated per prompt and run (greedy).", lowest=2, highest=4096)
 @click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True,
               help="Times every (prompt, configuration) runs; the report quotes medians. With --steps: "
@@ -124,7 +124,7 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     if steps:
         _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider, threads, results, as_json)
         return
-    from specdec.benchmarks import PROMPT_SET_VERSION, PROMPTS_FILE
+    from specdec.data import PROMPT_SET_VERSION, PROMPTS_FILE
     from specdec.runtime.diagnostics import top2_logit_gap
     from specdec.benchmarks.report import anchor_rows, markdown_report, target_vs_genai_rows
     from specdec.benchmarks.replay import CostModel

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from specdec.cli.errors import elapsed_progress, one_line_errors, unwinds_on_sigterm
+from specdec.console import elapsed_progress, one_line_errors, unwinds_on_sigterm
 from specdec.models.manifest import FLOAT_DTYPES, TRACE_DEVICES, WEIGHT_DTYPES
 from specdec.cli.options import (json_option, max_new_tokens_option, parse_draft_tokens, provider_option,
                                  threads_option)

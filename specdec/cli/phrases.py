@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from specdec.cli.errors import echo_record, elapsed_progress, one_line_errors, unwinds_on_sigterm
 from specdec.cli.options import (json_option, max_new_tokens_option, minutes_option, prompt_count_option,
                                  seed_option, threads_option)
+from specdec.console import echo_record, elapsed_progress, one_line_errors, unwinds_on_sigterm
 from specdec.runtime.phrases import PhraseTableConfig
 
 DEFAULTS = PhraseTableConfig()

@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from specdec.cli.errors import one_line_errors
 from specdec.cli.options import draft_tokens_callback, max_batch_callback, provider_option, threads_option
+from specdec.console import one_line_errors
 from specdec.runtime.config import DRAFTER_CHOICES
 from specdec.models.errors import SpecdecError
 from specdec.models.extras import missing_dependency

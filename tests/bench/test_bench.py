@@ -2,8 +2,8 @@ import json
 
 from click.testing import CliRunner
 
-from specdec.benchmarks import PROMPTS_FILE
 from specdec.cli.main import main
+from specdec.data import HELDOUT_PROMPTS_FILE, PROMPTS_FILE
 from specdec.runtime.prompts import load_prompts
 
 
@@ -66,9 +66,7 @@ def test_step_time_table(tiny_artifacts, tiny_target_only_artifact, tmp_path):
 
 
 def test_held_out_prompt_set_loads_and_shares_no_prompt_with_the_bench_set():
-    from pathlib import Path
-
-    heldout = load_prompts(Path(__file__).parents[2] / "specdec" / "benchmarks" / "prompts-heldout.jsonl")
+    heldout = load_prompts(HELDOUT_PROMPTS_FILE)
     bench = load_prompts(PROMPTS_FILE)
     assert {p.group for p in heldout} == {"grounded", "open"} and len(heldout) == 12
     assert not {p.id for p in heldout} & {p.id for p in bench}

@@ -38,8 +38,8 @@ def test_plan_carries_one_piece_per_call_then_runs_the_check(tmp_path):
     last = calls[-1].command
     assert "cat .device/part*/w.whl.* > /tmp/w.whl" in last and "tar -xf /tmp/smollm2-fp16.tar -C /tmp" in last
     assert wheel.sha256 in last and model.sha256 in last and "sha256sum -c" in last
-    assert ("device_check .device/kit/tiny /tmp/smollm2-fp16 --provider cuda --reference cpu --max-new-tokens 64"
-            in last)
+    assert ("-m specdec.certify.device_check .device/kit/tiny /tmp/smollm2-fp16 --provider cuda --reference cpu "
+            "--max-new-tokens 64" in last)
     assert f"timeout {device_kit.RUN_SECONDS} " in last and device_kit.RUN_SECONDS <= 8 * 60
     assert all(len(call.command) <= 2000 for call in calls)  # the device tool's limit per command
     assert PART_BYTES < 64 * 2**20  # a piece leaves room for the working tree in one 64 MiB carry
@@ -72,7 +72,7 @@ def test_an_artifact_folder_round_trips_through_tar_and_pieces(tmp_path):
 
 
 def test_the_kit_covers_both_ways_a_cache_lives_on_cuda_and_both_pass_on_the_cpu(tmp_path):
-    from specdec.benchmarks import device_check
+    from specdec.certify import device_check
     from tools.device_kit import _export_tiny_pairs
     from specdec.models.manifest import load_manifest
     from specdec.runtime.session import check_kv_buffer_device

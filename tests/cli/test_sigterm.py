@@ -7,8 +7,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from specdec.cli.errors import Terminated, unwinds_on_sigterm
 from specdec.cli.main import main
+from specdec.console import Terminated, unwinds_on_sigterm
 
 
 def _terminated_here(*args, **kwargs):

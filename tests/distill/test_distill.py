@@ -22,7 +22,7 @@ def _shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
 
 def _bench_and_test_prompts(open_only: bool = False) -> list[str]:
     prompts = []
-    for path in sorted((ROOT / "specdec" / "benchmarks").glob("prompts*.jsonl")):
+    for path in sorted((ROOT / "specdec" / "data").glob("prompts*.jsonl")):
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         prompts += [row["prompt"] for row in rows if not open_only or row.get("group") == "open"]
     from tests.runtime.test_exactness import PROMPTS

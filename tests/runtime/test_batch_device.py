@@ -4,7 +4,7 @@ under load is still each prompt's target-only output."""
 
 import pytest
 
-from specdec.benchmarks import device_check
+from specdec.certify import device_check
 from specdec.exporter.tiny_models import build_perturbed_draft
 from specdec.models.manifest import load_manifest
 from specdec.runtime import slots

@@ -112,10 +112,10 @@ def _shingles(words: list[str], n: int) -> set[tuple[str, ...]]:
 
 def bench_prompts() -> list[tuple[str, str]]:
     """Return (group, prompt) for every prompt of the bench's shipped prompt sets (none if they are not installed)."""
-    from specdec.benchmarks import PROMPTS_FILE
+    from specdec.data import HELDOUT_PROMPTS_FILE, PROMPTS_FILE
 
     rows = []
-    for path in (PROMPTS_FILE, PROMPTS_FILE.with_name("prompts-heldout.jsonl")):
+    for path in (PROMPTS_FILE, HELDOUT_PROMPTS_FILE):
         if Path(path).is_file():
             rows += [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     return [(row.get("group", "open"), row["prompt"]) for row in rows]
