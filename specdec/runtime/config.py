@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import DRAFTER_KINDS
+from specdec.runtime.logprobs import MAX_TOP_LOGPROBS
 from specdec.runtime.sampling import SamplingConfig
 
 DRAFTER_CHOICES = ("auto",) + DRAFTER_KINDS  # auto: the artifact's tuned drafter, else its draft model, else n-gram
@@ -27,6 +28,14 @@ class GenerationConfig:
     min_p: float = 0.0  # 0: off; else drop tokens less likely than min_p x the most likely one
     repetition_penalty: float = 1.0  # 1: off; > 1: tokens already in prompt or output become less likely
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit)
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]: subtracted once from each token already in the output
+    frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]: subtracted per occurrence in the output so far
+    # Report each generated token's log-probability and this many most likely alternatives (0..20; None: off),
+    # read from the target's rows (specdec/runtime/logprobs.py).
+    logprobs: int | None = None
+    # The text (or token ids) the answer is expected to be (OpenAI's Predicted Outputs: a file to edit): drafted
+    # from, and verified like any draft, so the output does not depend on it (specdec/runtime/prediction.py).
+    prediction: str | tuple[int, ...] | None = None
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the generation like EOS (kept in the output)
     # Seeds this request's numpy Generator: same seed and K, same output. Under
     # num_draft_tokens="auto" K follows measured timings, so sampled output can vary.
@@ -49,7 +58,13 @@ class GenerationConfig:
     def sampling(self) -> SamplingConfig:
         """Return the sampling part of the config."""
         return SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty,
-                              tuple(self.logit_bias))
+                              tuple(self.logit_bias), self.presence_penalty, self.frequency_penalty,
+                              needs_logits=self.logprobs is not None)
+
+    def sampling_after(self, prompt_length: int) -> SamplingConfig:
+        """Return the sampling part for a prompt of `prompt_length` tokens: the output starts after it (what the
+        presence and frequency penalties count)."""
+        return replace(self.sampling, output_start=prompt_length)
 
     def validate(self) -> None:
         """Raise GenerationError for a wrong-typed or out-of-range setting."""
@@ -75,6 +90,14 @@ class GenerationConfig:
                 isinstance(pair, (tuple, list)) and len(pair) == 2 for pair in self.logit_bias):
             raise GenerationError(f"logit_bias must be (token id, bias) pairs, got {self.logit_bias!r}")
         self.sampling.validate()
+        if self.logprobs is not None and (not isinstance(self.logprobs, numbers.Integral) or isinstance(self.logprobs, bool)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise GenerationError(f"logprobs must be None or an integer in 0..{MAX_TOP_LOGPROBS} (the alternatives "
+                                  f"reported per token), got {self.logprobs!r}")
+        if self.prediction is not None and not isinstance(self.prediction, str) and not (
+                isinstance(self.prediction, (tuple, list)) and all(
+                    isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.prediction)):
+            raise GenerationError(f"prediction must be a string or token ids, got {type(self.prediction).__name__}")
         if self.max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         k = self.num_draft_tokens

@@ -22,6 +22,8 @@ from specdec.runtime.eagle import EagleDrafter, EagleHead
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeRequest, DecodeState, Iteration, decode
 from specdec.runtime.phrases import PhraseTable
+from specdec.runtime.prediction import PredictionDrafter
+from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.providers import shared_pool, shared_pool_threads
 from specdec.runtime.session import ModelSession
 from specdec.runtime.stats import GenerationStats
@@ -175,7 +177,9 @@ class Engine:
         """Return the prompt's token ids after checking `config` and the prompt; raise GenerationError for bad ones."""
         config.validate()
         self.drafter_kind(config.drafter)  # an impossible drafter fails here, before anything runs
-        for name, ids in (("stop_token_ids", config.stop_token_ids), ("logit_bias", [t for t, _ in config.logit_bias])):
+        predicted = () if isinstance(config.prediction, str) else config.prediction or ()
+        for name, ids in (("stop_token_ids", config.stop_token_ids), ("logit_bias", [t for t, _ in config.logit_bias]),
+                          ("prediction", predicted)):
             if any(token >= self.vocab_size for token in ids):
                 raise GenerationError(f"{name}: token ids must be below the vocabulary size {self.vocab_size}")
         ids = (check_token_ids(prompt, self.vocab_size) if isinstance(prompt, list)
@@ -200,18 +204,24 @@ class Engine:
             return requested
         return self.manifest.runtime_defaults.drafter or ("model" if self.draft is not None else "ngram")
 
-    def _drafter(self, config: GenerationConfig, rng: np.random.Generator, prompt_length: int,
-                 adaptive: bool) -> Drafter | None:
+    def _drafter(self, config: GenerationConfig, rng: np.random.Generator, prompt_length: int, adaptive: bool,
+                 sampling: SamplingConfig | None = None) -> Drafter | None:
+        sampling = sampling or config.sampling_after(prompt_length)
         kind = self.drafter_kind(config.drafter)
+        if config.prediction and kind != "none":
+            # The prediction drafts where it has tokens to offer; prompt lookup where it has none.
+            predicted = (self.codec.encode(config.prediction, add_special_tokens=False)
+                         if isinstance(config.prediction, str) else list(config.prediction))
+            return PredictionDrafter(predicted, NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max))
         if kind == "none":
             return None
         if kind in ("eagle", "ngram+eagle") and self.eagle is not None:
-            eagle = EagleDrafter(self.eagle, config.sampling, rng)
+            eagle = EagleDrafter(self.eagle, sampling, rng)
             if kind == "eagle":
                 return eagle
             return CombinedDrafter(NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max), eagle)
         if kind in ("model", "ngram+model") and self.draft is not None:
-            model = ModelDrafter(self.draft, config.sampling, rng,
+            model = ModelDrafter(self.draft, sampling, rng,
                                  capacity=prompt_length + config.max_new_tokens + MAX_DRAFT_ROOM)
             if kind == "model":
                 return model
@@ -259,14 +269,15 @@ class Engine:
         """
         rng = np.random.default_rng(config.seed)
         policy, k_label = self._draft_length(config)
-        drafter = self._drafter(config, rng, len(ids), adaptive=isinstance(policy, AdaptiveDraftLength))
+        sampling = config.sampling_after(len(ids))  # the draft processes its q rows exactly as the target its p
+        drafter = self._drafter(config, rng, len(ids), isinstance(policy, AdaptiveDraftLength), sampling)
         if drafter is not None and isinstance(policy, AdaptiveDraftLength):
             self._calibrate_call_costs(ids, config.max_draft_tokens_auto + 1)  # before the request's clock starts
         stats = GenerationStats(drafter=drafter.name if drafter else "none",
                                 num_draft_tokens=k_label if drafter else "0", prompt_tokens=len(ids))
-        request = DecodeRequest(ids, config.max_new_tokens, config.sampling,
+        request = DecodeRequest(ids, config.max_new_tokens, sampling,
                                 frozenset(self.eos_token_ids) | frozenset(config.stop_token_ids),
-                                self.max_positions)
+                                self.max_positions, logprobs=config.logprobs)
         return OpenRequest(DecodeState(request, rng, drafter, policy if drafter else None), config, stats)
 
     def _pieces(self, ids: list[int], config: GenerationConfig,

@@ -23,6 +23,7 @@ from specdec.runtime.acceptance import Verdict, greedy_verify, rejection_sample
 from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.drafters import Drafter, Proposal
 from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.logprobs import TokenLogprobs, token_logprobs
 from specdec.runtime.sampling import (SamplingConfig, greedy_tokens, next_token, process_logits,
                                       seen_before_rows)
 from specdec.runtime.session import ModelSession
@@ -40,6 +41,7 @@ class DecodeRequest:
     sampling: SamplingConfig
     eos_token_ids: frozenset[int]
     max_positions: int  # the longest sequence every model of the request accepts
+    logprobs: int | None = None  # report each committed token's log p and this many alternatives (None: off)
 
     @property
     def cache_capacity(self) -> int:
@@ -75,6 +77,7 @@ class Iteration:
     draft_seconds: float = 0.0  # drafting (the draft's prefill included, on the first decode iteration)
     target_seconds: float = 0.0  # this target call; for the prefill, prompt in to first token out
     draft_step_seconds: float | None = None  # the drafter's mean 1-token call so far (None: no model)
+    logprobs: TokenLogprobs | None = None  # of `committed`, from the target's rows (DecodeRequest.logprobs)
 
     @property
     def acceptance_tests(self) -> int:
@@ -163,10 +166,12 @@ def first_token(state: DecodeState, logits: np.ndarray, states: np.ndarray | Non
     drafter the prompt; return the first Iteration."""
     request = state.request
     state.states = states
-    state.context = list(request.prompt_ids) + [next_token(logits, request.sampling, state.rng, request.prompt_ids)]
+    token = next_token(logits, request.sampling, state.rng, request.prompt_ids)
+    logprobs = _logprobs(request, logits[None, :], [token], request.prompt_ids, [])
+    state.context = list(request.prompt_ids) + [token]
     state.generated = 1
-    state.iteration = _finish(Iteration([], 0, state.context[-1:], False, None, prefill=True, target_seconds=seconds),
-                              request, state.context, 1)
+    state.iteration = _finish(Iteration([], 0, [token], False, None, prefill=True, target_seconds=seconds,
+                                        logprobs=logprobs), request, state.context, 1)
     if state.drafting and not state.iteration.finished:
         state.draft_seconds = _timed(state.drafter.begin, request.prompt_ids, state.states)  # the drafter takes the prompt
     return state.iteration
@@ -203,17 +208,19 @@ def commit(state: DecodeState, cache: KVCache, situation: str | None, proposal: 
     """Accept, roll back, commit, cut at EOS and finish, after the target scored `proposal`; return the Iteration."""
     request, drafts = state.request, proposal.tokens
     verdict = _verify(state.context, proposal, logits, request.sampling, state.rng)  # 3. accept
+    committed = verdict.committed(drafts)
+    logprobs = _logprobs(request, logits, committed, state.context, drafts)
     # 4. roll back: the target keeps the last committed token and the accepted drafts; so does the draft
     past_length = len(state.context) - 1
     cache.rollback(len(state.context) + verdict.num_accepted)
-    state.context.extend(verdict.committed(drafts))
+    state.context.extend(committed)
     if drafts or state.hidden:  # a feature drafter needs the committed rows after plain steps too
         state.drafter.accept(state.context, state.states[: verdict.num_accepted + 1] if state.hidden else None)
     iteration = _cut_at_eos(Iteration(  # 5. commit
-        drafts, verdict.num_accepted, verdict.committed(drafts), verdict.is_bonus, None, situation,
+        drafts, verdict.num_accepted, committed, verdict.is_bonus, None, situation,
         rejected=bool(drafts) and not verdict.is_bonus, past_length=past_length, draft_seconds=state.draft_seconds,
-        target_seconds=target_seconds, draft_step_seconds=state.drafter.stats.step_seconds if state.drafting else None),
-        request.eos_token_ids)
+        target_seconds=target_seconds, draft_step_seconds=state.drafter.stats.step_seconds if state.drafting else None,
+        logprobs=logprobs), request.eos_token_ids)
     state.generated += len(iteration.committed)
     state.iteration = _finish(iteration, request, state.context, state.generated)
     if state.drafting:
@@ -260,12 +267,27 @@ def _verify(context: list[int], proposal: Proposal, logits: np.ndarray, sampling
     return rejection_sample(drafts, target_probs, proposal.probs, rng)
 
 
+def _logprobs(request: DecodeRequest, logits: np.ndarray, tokens: list[int], context: list[int],
+              drafts: list[int]) -> TokenLogprobs | None:
+    """Return the TokenLogprobs of `tokens` committed after `context` (row r after drafts[:r]), read from the
+    target's rows, if the request asks for them."""
+    if request.logprobs is None:
+        return None
+    sampling = request.sampling
+    seen = seen_before_rows(context, drafts, len(tokens)) if sampling.reads_context else None
+    return token_logprobs(logits, tokens, sampling, seen, request.logprobs)
+
+
 def _cut_at_eos(iteration: Iteration, eos_token_ids: frozenset[int]) -> Iteration:
     """Return the iteration ending at its first EOS; an EOS among the drafts is the last accepted one."""
     for index, token in enumerate(iteration.committed):
         if token in eos_token_ids and index + 1 < len(iteration.committed):
+            logprobs = iteration.logprobs
+            if logprobs is not None:
+                logprobs = TokenLogprobs(logprobs.chosen[: index + 1], logprobs.top_ids[: index + 1],
+                                         logprobs.top_values[: index + 1])
             return replace(iteration, committed=iteration.committed[: index + 1], num_accepted=index + 1,
-                            is_bonus=False, rejected=False)
+                            is_bonus=False, rejected=False, logprobs=logprobs)
     return iteration
 
 

@@ -1,8 +1,8 @@
 """Pure functions that turn logits into the distributions both models sample from.
 
 The same `process_logits` is applied to target rows (p) and draft rows (q): speculative
-sampling is exact only when both are processed identically (logit bias, repetition penalty,
-temperature, top-k, top-p, min-p), each row seeing the tokens before its own position.
+sampling is exact only when both are processed identically (logit bias, repetition, frequency and
+presence penalties, temperature, top-k, top-p, min-p), each row seeing the tokens before its own position.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ MIN_TEMPERATURE = 1e-3  # logits / 1e-3 stays finite for any float32 logit; shar
 MAX_TEMPERATURE = 100.0  # flatter than this is uniform noise, most likely a typo
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, +100 forces it
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0  # beyond them a logit / penalty overflows or is noise
+MAX_OPENAI_PENALTY = 2.0  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,15 @@ class SamplingConfig:
     # (CTRL's rule, as transformers and vLLM apply it over prompt and output)
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit), OpenAI's logit_bias
+    # OpenAI's penalties: logit[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty, where c[j]
+    # counts token j in the output so far (`seen` from index output_start on; the prompt is not counted,
+    # as OpenAI's formula and vLLM have it).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    output_start: int = 0  # where the output begins in each `seen` row (the prompt's length)
+    # A caller reads the logits themselves (logprobs, a grammar's mask): calls may not read the greedy
+    # LM head, which gives the argmax and not the logits.
+    needs_logits: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -43,19 +53,25 @@ class SamplingConfig:
 
     @property
     def reads_context(self) -> bool:
-        """Return True when a row's processing depends on the tokens before it (repetition penalty)."""
-        return self.repetition_penalty != 1.0
+        """Return True when a row's processing depends on the tokens before it (a penalty)."""
+        return self.repetition_penalty != 1.0 or self.counts_output
+
+    @property
+    def counts_output(self) -> bool:
+        """Return True when the presence or frequency penalty is on (they count the output's tokens)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def raw_argmax(self) -> bool:
         """Return True when the next token is the argmax of the model's own logits: greedy, no bias, no
         penalty. Only then may a call read a greedy LM head, which gives the argmax and not the logits."""
-        return self.greedy and not self.logit_bias and not self.reads_context
+        return self.greedy and not self.logit_bias and not self.reads_context and not self.needs_logits
 
     def validate(self) -> None:
         """Raise GenerationError if a setting has the wrong type or is out of range."""
         for name, kind in (("temperature", "a number"), ("top_p", "a number"), ("top_k", "an integer"),
-                           ("min_p", "a number"), ("repetition_penalty", "a number")):
+                           ("min_p", "a number"), ("repetition_penalty", "a number"),
+                           ("presence_penalty", "a number"), ("frequency_penalty", "a number")):
             value = getattr(self, name)
             ok = isinstance(value, numbers.Integral if kind == "an integer" else numbers.Real)
             if not ok or isinstance(value, bool):
@@ -74,6 +90,10 @@ class SamplingConfig:
         if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
             raise GenerationError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}], "
                                   f"got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or abs(value) > MAX_OPENAI_PENALTY:
+                raise GenerationError(f"{name} must be in [-{MAX_OPENAI_PENALTY:g}, {MAX_OPENAI_PENALTY:g}], got {value}")
         for token, bias in self.logit_bias:
             if not isinstance(token, numbers.Integral) or isinstance(token, bool) or token < 0:
                 raise GenerationError(f"logit_bias token ids must be integers >= 0, got {token!r}")
@@ -89,8 +109,9 @@ def seen_before_rows(context: Sequence[int], drafts: Sequence[int], rows: int) -
 
 
 def adjust_logits(logits: np.ndarray, config: SamplingConfig, seen: Sequence[Sequence[int]] | None) -> np.ndarray:
-    """Return logits [rows, vocab] with the logit bias added and the repetition penalty applied (float64; the
-    input itself when neither is set). `seen[r]`: the tokens before row r (needed with a repetition penalty)."""
+    """Return logits [rows, vocab] with the logit bias added, then the repetition penalty, then the frequency and
+    presence penalties applied (vLLM's order; float64; the input itself when none is set). `seen[r]`: the tokens
+    before row r, the prompt's included (needed with a penalty)."""
     if not config.logit_bias and not config.reads_context:
         return logits
     adjusted = logits.astype(np.float64)  # a copy: the caller's logits stay as the model gave them
@@ -100,13 +121,18 @@ def adjust_logits(logits: np.ndarray, config: SamplingConfig, seen: Sequence[Seq
             adjusted[:, token] += bias
     if config.reads_context:
         if seen is None or len(seen) != adjusted.shape[0]:
-            raise ValueError("a repetition penalty needs the tokens seen before each row")
+            raise ValueError("a penalty needs the tokens seen before each row")
         penalty = config.repetition_penalty
         for row, tokens in enumerate(seen):
-            ids = np.unique(np.asarray(tokens, dtype=np.int64))
-            ids = ids[ids < vocab]
-            values = adjusted[row, ids]
-            adjusted[row, ids] = np.where(values > 0, values / penalty, values * penalty)
+            if penalty != 1.0:
+                ids = np.unique(np.asarray(tokens, dtype=np.int64))
+                ids = ids[ids < vocab]
+                values = adjusted[row, ids]
+                adjusted[row, ids] = np.where(values > 0, values / penalty, values * penalty)
+            if config.counts_output:
+                ids, counts = np.unique(np.asarray(tokens[config.output_start:], dtype=np.int64), return_counts=True)
+                inside = ids < vocab
+                adjusted[row, ids[inside]] -= counts[inside] * config.frequency_penalty + config.presence_penalty
     return adjusted
 
 

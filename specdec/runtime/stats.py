@@ -122,6 +122,14 @@ class GenerationStats:
         """Return expected_speedup() with the paper's cost model (1.0 with no drafting)."""
         return self.expected_speedup()
 
+    def prediction_tokens(self, label: str = "prediction") -> tuple[int, int]:
+        """Return (accepted, rejected) drafts copied from a predicted output (situation `label`): OpenAI's
+        accepted_prediction_tokens and rejected_prediction_tokens."""
+        counts = self.by_situation.get(label)
+        if counts is None:
+            return 0, 0
+        return counts["accepted"], counts["drafted"] - counts["accepted"]
+
     def as_dict(self) -> dict[str, Any]:
         """Return counters and derived figures as one JSON-ready dict."""
         data = asdict(self)

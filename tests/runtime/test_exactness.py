@@ -255,6 +255,10 @@ def near_engine(tiny_near_draft_artifact):
     ("ngram", dict(temperature=1.5, top_k=3, top_p=0.95), "auto"),
     # the phrase table proposes where the context holds nothing to copy (one-hot q, like prompt lookup)
     ("phrases", dict(temperature=1.5, top_k=3, top_p=0.95), 2),
+    # OpenAI's presence and frequency penalties count the output only, each row its own drafts, on p and q alike
+    ("model", dict(temperature=1.2, top_k=4, presence_penalty=0.9, frequency_penalty=0.7), 3),
+    # a predicted output that is partly right: its drafts (one-hot q) are tested like any others
+    ("prediction", dict(temperature=1.5, top_k=3, top_p=0.95), 3),
 ])
 def test_sampled_speculative_matches_target_distribution(near_engine, drafter, settings, k, monkeypatch):
     """Chi-square test of the first four tokens' joint distribution against the exact target one.
@@ -280,14 +284,19 @@ def test_sampled_speculative_matches_target_distribution(near_engine, drafter, s
         answer = greedy(engine, prompt_ids, drafter="none", max_new_tokens=40).token_ids
         monkeypatch.setattr(engine, "phrases", PhraseTable.count([answer], PhraseTableConfig(min_count=1)))
         drafter = "ngram"
-    sampling = SamplingConfig(**settings)
+    prediction = None
+    if drafter == "prediction":  # the target's greedy answer with its fourth token changed
+        answer = greedy(engine, prompt_ids, drafter="none", max_new_tokens=8).token_ids
+        prediction = engine.codec.decode(answer[:3] + [answer[3] + 1] + answer[4:])
+        drafter = "ngram"
+    sampling = dataclasses.replace(SamplingConfig(**settings), output_start=len(prompt_ids))
     exact = _target_joint(engine, prompt_ids, sampling, depth=4)
     runs = 3000
     counts, totals = Counter(), Counter()
     for seed in range(runs):
         # ngram_min=1: the 1st token must be enough of a suffix for the n-gram drafter to propose.
         config = GenerationConfig(max_new_tokens=4, seed=seed, drafter=drafter, num_draft_tokens=k, ngram_min=1,
-                                  **settings)
+                                  prediction=prediction, **settings)
         result = engine.generate(prompt_ids, config)
         s = result.stats
         rejections = s.acceptance_tests - s.accepted

@@ -61,9 +61,35 @@ def test_the_penalty_sees_each_rows_own_drafts():
     assert probs[0, 5] == probs[0, 4] and probs[1, 5] < probs[1, 4] and probs[2, 6] < probs[2, 4]
 
 
+def _openai_penalties(logits_row: np.ndarray, output: list[int], presence: float, frequency: float) -> np.ndarray:
+    """OpenAI's formula as its docs write it: mu[j] - c[j] * frequency - (c[j] > 0) * presence, c over the output."""
+    out = logits_row.astype(np.float64).copy()
+    for token in set(output):
+        out[token] -= output.count(token) * frequency + presence
+    return out
+
+
+def test_presence_and_frequency_penalties_equal_openais_formula_over_the_output_only():
+    rng = np.random.default_rng(1)
+    prompt, drafts = [4, 4, 9, 2], [7, 9, 7]
+    config = SamplingConfig(temperature=0.8, presence_penalty=0.6, frequency_penalty=-0.4, output_start=len(prompt))
+    config.validate()
+    context = prompt + [9, 3, 3]  # the output so far: 9 3 3
+    logits = rng.normal(0, 2, size=(4, 12)).astype(np.float32)
+    seen = seen_before_rows(context, drafts, 4)
+    ours = process_logits(logits, config, seen)
+    for row in range(4):
+        output = seen[row][len(prompt):]  # the prompt's 4 4 2 are not counted
+        reference = _openai_penalties(logits[row], output, 0.6, -0.4) / 0.8
+        expected = np.exp(reference - reference.max())
+        np.testing.assert_allclose(ours[row], expected / expected.sum(), atol=1e-12)
+
+
 def test_bad_settings_are_refused():
     for settings, message in [(dict(min_p=1.5), "min_p"), (dict(repetition_penalty=0.0), "repetition_penalty"),
-                              (dict(logit_bias=((3, 101.0),)), "logit_bias"), (dict(logit_bias=((-1, 1.0),)), "logit_bias")]:
+                              (dict(logit_bias=((3, 101.0),)), "logit_bias"), (dict(logit_bias=((-1, 1.0),)), "logit_bias"),
+                              (dict(presence_penalty=2.5), "presence_penalty"),
+                              (dict(frequency_penalty=float("nan")), "frequency_penalty")]:
         with pytest.raises(GenerationError, match=message):
             SamplingConfig(temperature=1.0, **settings).validate()
 
@@ -92,12 +118,14 @@ def test_greedy_with_a_repetition_penalty_equals_transformers_generate(engine, t
         engine.eos_token_ids = saved
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
-def test_speculative_greedy_with_penalty_and_bias_equals_target_only(engine, drafter):
+@pytest.mark.parametrize("drafter, penalties", [
+    ("model", dict(repetition_penalty=1.3)), ("ngram", dict(repetition_penalty=1.3)),
+    ("model", dict(presence_penalty=0.8, frequency_penalty=0.5)), ("ngram", dict(presence_penalty=0.4))])
+def test_speculative_greedy_with_penalty_and_bias_equals_target_only(engine, drafter, penalties):
     ids = engine.prompt_ids("one two three one two three one two")
     if drafter == "ngram":  # a context that repeats the target's own text gives prompt lookup matches
         ids = (ids + engine.generate(ids, GenerationConfig(max_new_tokens=24, drafter="none")).token_ids) * 3
-    settings = dict(max_new_tokens=40, repetition_penalty=1.3, logit_bias=((11, 2.0), (12, -3.0)))
+    settings = dict(max_new_tokens=40, logit_bias=((11, 2.0), (12, -3.0)), **penalties)
     plain = engine.generate(ids, GenerationConfig(drafter="none", **settings))
     speculative = engine.generate(ids, GenerationConfig(drafter=drafter, num_draft_tokens=3, ngram_min=1, **settings))
     assert speculative.token_ids == plain.token_ids

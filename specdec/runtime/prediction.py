@@ -1,0 +1,134 @@
+"""Drafting from a predicted output: the text a client expects the answer to be (OpenAI's Predicted Outputs).
+
+An edit request sends the file it wants changed as `prediction`: nearly every token of the answer
+is already written there. The drafter keeps a cursor into the prediction where the answer's
+continuation should be and proposes the tokens from there. Where the answer departs from the
+prediction (the edited span), the cursor is lost; it is found again by matching the answer's
+latest tokens in the prediction, as prompt lookup matches the prompt, so an insertion or a
+deletion does not end the drafting. While the prediction has nothing to offer, prompt lookup
+over the context proposes instead (a fallback drafter).
+
+Drafts are deterministic (q one-hot), verified by the target like any others: the output is
+exactly the target's whatever the prediction says.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from specdec.runtime.drafters import DrafterStats, NgramDrafter, Proposal
+
+PREDICTION = "prediction"  # the situation label of drafts copied from the prediction
+MAX_MATCH = 6  # longest suffix of the answer matched against the prediction when realigning
+# A 1-token match realigns only this close after the last aligned place: anywhere else, a common token
+# (a space, a comma) would send the cursor to a random spot.
+NEAR = 48
+
+
+class PredictionIndex:
+    """Where each n-gram (1..MAX_MATCH tokens) of a prediction ends, for realigning after a departure."""
+
+    def __init__(self, prediction: Sequence[int], max_n: int = MAX_MATCH):
+        self.tokens = list(prediction)
+        self.max_n = max_n
+        self._ends: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for n in range(1, max_n + 1):
+            for end in range(n, len(self.tokens) + 1):
+                self._ends[tuple(self.tokens[end - n:end])].append(end)
+
+    def realign(self, recent: Sequence[int], last: int) -> int | None:
+        """Return the prediction index that should follow `recent` (the answer's latest tokens), or None.
+
+        The longest suffix of `recent` found in the prediction wins; among its places, the first at or after
+        `last` (the cursor before the departure: edits move forward), else the last before it. A 1-token
+        suffix counts only within NEAR tokens after `last`.
+
+        >>> PredictionIndex([5, 6, 7, 8, 6, 9]).realign([1, 6], last=3)
+        5
+        """
+        for n in range(min(self.max_n, len(recent)), 0, -1):
+            ends = self._ends.get(tuple(recent[-n:]))
+            if not ends:
+                continue
+            after = [end for end in ends if end >= last]
+            if n == 1:
+                near = [end for end in after if end - last <= NEAR]
+                if near:
+                    return near[0]
+                continue
+            return after[0] if after else ends[-1]
+        return None
+
+
+class PredictionDrafter:
+    """Drafts the prediction's tokens from a cursor kept aligned with the answer; prompt lookup elsewhere."""
+
+    name = PREDICTION
+    reads_hidden = False
+
+    def __init__(self, prediction: Sequence[int], fallback: NgramDrafter | None = None):
+        self.index = PredictionIndex(prediction)
+        self.fallback = fallback
+        self.cursor: int | None = 0  # the prediction index of the answer's next token (None: lost)
+        self._last = 0  # the cursor's last known place
+        self._prompt_length: int | None = None
+        self._seen = 0  # context tokens the cursor has followed
+
+    @property
+    def stats(self) -> DrafterStats:
+        """Return zero counters: the prediction costs no model calls."""
+        return DrafterStats()
+
+    @property
+    def prediction(self) -> list[int]:
+        """Return the predicted tokens."""
+        return self.index.tokens
+
+    def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
+        """Note where the answer starts (after the prompt; the first token is committed next)."""
+        self._prompt_length = self._seen = len(prompt_ids)
+        if self.fallback is not None:
+            self.fallback.begin(prompt_ids)
+
+    def situation(self, context: list[int]) -> str:
+        """Return PREDICTION where the prediction has tokens to offer, else the fallback's situation."""
+        self._follow(context)
+        if self._offers():
+            return PREDICTION
+        return self.fallback.situation(context) if self.fallback is not None else PREDICTION
+
+    def propose(self, context: list[int], k: int) -> Proposal:
+        """Return up to k tokens of the prediction from the cursor, else the fallback's proposal."""
+        self._follow(context)
+        if self._offers():
+            return Proposal(self.prediction[self.cursor:self.cursor + k], None)
+        return self.fallback.propose(context, k) if self.fallback is not None else Proposal([], None)
+
+    def accept(self, context: list[int], target_hidden: np.ndarray | None = None) -> None:
+        """Move the cursor over the committed tokens (realigning where they depart from the prediction)."""
+        self._follow(context)
+        if self.fallback is not None:
+            self.fallback.accept(context)
+
+    def _offers(self) -> bool:
+        return self.cursor is not None and self.cursor < len(self.prediction)
+
+    def _follow(self, context: list[int]) -> None:
+        """Advance the cursor over the context's tokens it has not followed yet."""
+        if self._prompt_length is None:
+            self.begin(context[:-1])
+        prediction = self.prediction
+        for position in range(self._seen, len(context)):
+            token = context[position]
+            if self.cursor is not None and self.cursor < len(prediction) and prediction[self.cursor] == token:
+                self.cursor += 1
+                self._last = self.cursor
+            else:
+                answer = context[self._prompt_length:position + 1]
+                self.cursor = self.index.realign(answer[-MAX_MATCH:], self._last)
+                if self.cursor is not None:
+                    self._last = self.cursor
+        self._seen = len(context)

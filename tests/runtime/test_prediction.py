@@ -1,0 +1,76 @@
+"""Predicted outputs: the cursor follows the answer through edits; the output is the target's whatever is predicted."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.runtime.drafters import NgramDrafter
+from specdec.runtime.engine import Engine, GenerationConfig
+from specdec.runtime.prediction import PREDICTION, PredictionDrafter, PredictionIndex
+
+
+def test_realign_prefers_the_longest_suffix_then_the_first_place_after_the_cursor():
+    index = PredictionIndex([1, 2, 3, 4, 1, 2, 5, 6])
+    assert index.realign([9, 1, 2], last=0) == 2  # "1 2" ends at 2 and 6: the first at or after 0
+    assert index.realign([9, 1, 2], last=3) == 6
+    assert index.realign([2, 5], last=0) == 7
+    assert index.realign([7, 8], last=0) is None
+    long = PredictionIndex(list(range(100)))
+    assert long.realign([200, 60], last=0) is None  # a 1-token match far from the cursor does not count
+    assert long.realign([200, 60], last=30) == 61
+
+
+def _drafter(prediction, prompt):
+    drafter = PredictionDrafter(prediction, NgramDrafter(2, 4))
+    drafter.begin(prompt)
+    return drafter
+
+
+def test_the_drafter_copies_from_its_cursor_and_realigns_after_an_insertion_and_a_deletion():
+    prompt = [100, 101]
+    prediction = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    drafter = _drafter(prediction, prompt)
+    context = prompt + [10]
+    assert drafter.situation(context) == PREDICTION
+    assert drafter.propose(context, 3).tokens == [11, 12, 13]
+    context += [11, 12, 50, 51]  # an insertion after 12: lost
+    drafter.accept(context)
+    assert drafter.propose(context, 2).tokens == []  # nothing to copy (and no 2-token match in the context)
+    context += [13, 14]  # back on the prediction: "13 14" realigns the cursor
+    drafter.accept(context)
+    assert drafter.propose(context, 3).tokens == [15, 16, 17]
+    context += [15, 18]  # 16 and 17 deleted: the 1-token match "18" is near the cursor
+    drafter.accept(context)
+    assert drafter.propose(context, 3).tokens == [19]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_artifacts):
+    return Engine.load(tiny_artifacts["llama"], provider="cpu", threads=1)
+
+
+def test_greedy_output_is_the_same_with_any_prediction_and_counts_follow_openai(engine):
+    ids = engine.prompt_ids("one two three")
+    plain = engine.generate(ids, GenerationConfig(max_new_tokens=40, drafter="none"))
+    answer = plain.token_ids
+    right = tuple(answer)  # token ids: the tiny tokenizer's byte pieces do not survive a decode and encode
+    edited = tuple(answer[:10] + [answer[10] + 1, answer[10] + 2] + answer[13:])
+    for prediction in (right, edited, "something else entirely", engine.codec.decode(answer), ""):
+        result = engine.generate(ids, GenerationConfig(max_new_tokens=40, prediction=prediction or None,
+                                                       num_draft_tokens="auto"))
+        assert result.token_ids == answer, prediction
+    result = engine.generate(ids, GenerationConfig(max_new_tokens=40, prediction=right, num_draft_tokens=8))
+    accepted, rejected = result.stats.prediction_tokens()
+    assert accepted >= len(answer) * 3 // 4 and result.stats.target_calls <= len(answer) // 4
+    assert (accepted, rejected) == (result.stats.by_situation[PREDICTION]["accepted"],
+                                    result.stats.by_situation[PREDICTION]["drafted"] - accepted)
+    edited_result = engine.generate(ids, GenerationConfig(max_new_tokens=40, prediction=edited, num_draft_tokens=8))
+    assert edited_result.stats.prediction_tokens()[1] > 0  # the edited span's drafts were rejected...
+    assert edited_result.stats.prediction_tokens()[0] > 20  # ...and drafting went on after it
+
+
+def test_seeded_sampling_with_a_prediction_reproduces(engine):
+    ids = engine.prompt_ids("one two three")
+    prediction = engine.codec.decode(engine.generate(ids, GenerationConfig(max_new_tokens=30, drafter="none")).token_ids)
+    config = GenerationConfig(max_new_tokens=30, temperature=0.8, seed=5, prediction=prediction, num_draft_tokens=4)
+    assert engine.generate(ids, config).token_ids == engine.generate(ids, config).token_ids
