@@ -46,6 +46,20 @@ class CombinedDrafter:
         """Return the model side's counters (prompt lookup makes no model calls)."""
         return self.model.stats
 
+    @property
+    def draft_model(self) -> Drafter | None:
+        """Return the model side's draft model (None when the model side is a draft head)."""
+        return self.model.draft_model
+
+    @property
+    def draft_head(self) -> Drafter | None:
+        """Return the model side's draft head (None when the model side is a draft model)."""
+        return self.model.draft_head
+
+    def drafts_by_lookup(self, situation: str | None) -> bool:
+        """Return whether `situation` (one of situation()'s labels; None: not asked) is prompt lookup's."""
+        return not (situation or "").startswith("model")
+
     def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Index the prompt and run the model side's prefill."""
         self.ngram.begin(prompt_ids)

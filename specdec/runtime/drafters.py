@@ -9,7 +9,9 @@ The loop talks to a drafter through four calls, llama.cpp-style:
   q is one-hot at each proposed token);
 - `accept(context)`: right after the target's rollback, the committed context; the drafter
   drops what is no longer valid (its KV cache, for a model drafter).
-Counters live apart, in `stats` (DrafterStats). A drafter that reads the target's hidden
+Counters live apart, in `stats` (DrafterStats). The batch engine shares draft calls across requests
+through `draft_calls` (the same calls `propose` makes, one at a time), and reads what a drafter drafts
+with from `draft_model` / `draft_head` / `drafts_by_lookup`, never from its type. A drafter that reads the target's hidden
 states (a trained feature-level draft) takes them as `target_hidden` in begin/accept: the
 rows of the target call for the positions just committed.
 """
@@ -17,7 +19,7 @@ rows of the target call for the positions just committed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Generator, Protocol, TypeVar
+from typing import Any, Callable, Generator, Protocol, TypeVar
 
 import numpy as np
 
@@ -80,6 +82,26 @@ class Drafter(Protocol):
         """Forget proposals that `context` (just committed) did not keep."""
         ...
 
+    def draft_calls(self, context: list[int], k: int) -> Generator[Any, Any, Proposal]:
+        """Yield what each of `propose`'s model calls feeds, receive its output; return the same Proposal."""
+        ...
+
+    @property
+    def draft_model(self) -> ModelDrafter | None:
+        """Return the drafter whose draft model (its KV cache, its calls) drafts for this one: itself, a combined
+        drafter's model side, or None."""
+        ...
+
+    @property
+    def draft_head(self) -> Drafter | None:
+        """Return the drafter whose trained draft head (EAGLE) drafts for this one: itself, a combined drafter's
+        model side, or None."""
+        ...
+
+    def drafts_by_lookup(self, situation: str | None) -> bool:
+        """Return whether the proposal in `situation` comes from prompt lookup (free to ask, reads no model)."""
+        ...
+
 
 class ModelDrafter:
     """Drafts with a small model, sampling each token with the same settings as the target.
@@ -109,6 +131,20 @@ class ModelDrafter:
         """Return the draft model's calls, session time and mean single-token call time so far."""
         return DrafterStats(self.cache.run_calls, self.cache.run_seconds,
                             self._step_seconds / self._steps if self._steps else None)
+
+    @property
+    def draft_model(self) -> ModelDrafter:
+        """Return itself: a draft model drafts."""
+        return self
+
+    @property
+    def draft_head(self) -> None:
+        """Return None: no draft head."""
+        return None
+
+    def drafts_by_lookup(self, situation: str | None) -> bool:
+        """Return False: every proposal is the model's."""
+        return False
 
     def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Nothing yet: the draft reads the prompt with its first proposal's catch-up, so a request that never
@@ -199,6 +235,20 @@ class NgramDrafter:
         self.index = NgramIndex(min_n=min_n, max_n=max_n)
         self.phrases = phrases
 
+    @property
+    def draft_model(self) -> None:
+        """Return None: prompt lookup reads no model."""
+        return None
+
+    @property
+    def draft_head(self) -> None:
+        """Return None: prompt lookup reads no head."""
+        return None
+
+    def drafts_by_lookup(self, situation: str | None) -> bool:
+        """Return True: every proposal is prompt lookup's."""
+        return True
+
     def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Index the prompt."""
         self._catch_up(prompt_ids)
@@ -215,6 +265,11 @@ class NgramDrafter:
         """Return up to k tokens from the n-gram index, or from the phrase table ([] when neither has any)."""
         self._catch_up(context)
         return Proposal(self._phrase_proposal(context, k) or self.index.propose(k), None)
+
+    def draft_calls(self, context: list[int], k: int) -> Generator[list[int], np.ndarray, Proposal]:
+        """Return `propose`'s proposal without a call (a generator that yields nothing)."""
+        return self.propose(context, k)
+        yield  # unreachable: makes this a generator of no calls
 
     def _phrase_proposal(self, context: list[int], k: int) -> list[int]:
         # A 2+-token match in the context itself beats the target's general habits.

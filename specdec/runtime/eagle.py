@@ -211,6 +211,20 @@ class EagleDrafter:
         """Return the head's calls, time and mean single-pair call time so far."""
         return DrafterStats(self._calls, self._seconds, self._step_seconds / self._steps if self._steps else None)
 
+    @property
+    def draft_model(self) -> None:
+        """Return None: the head is no draft model (it has no KV slot of the draft's)."""
+        return None
+
+    @property
+    def draft_head(self) -> EagleDrafter:
+        """Return itself: a draft head drafts."""
+        return self
+
+    def drafts_by_lookup(self, situation: str | None) -> bool:
+        """Return False: every proposal is the head's."""
+        return False
+
     def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Keep the prompt's target features; they are fed with the first proposal (which knows the next token)."""
         if target_hidden is None or len(target_hidden) != len(prompt_ids):

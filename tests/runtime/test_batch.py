@@ -276,7 +276,7 @@ def test_a_full_batch_skips_planning_only_where_verify_calls_cannot_pay(engine, 
     """Beyond the ragged rows, each draft needs a verify call of its own. Priced at a second, no step plans or
     asks prompt lookup (not one `plan` call with every slot running); nearly free, every step plans; a K the
     request set is asked for whatever the cost. Every text stays its prompt's target-only text."""
-    from specdec.runtime import batch as batch_module
+    from specdec.runtime import batch_step as batch_module
 
     rows = engine.target.spec.ragged_rows
     prompts = (PROMPT_SET * 2)[:2 * rows]
@@ -292,7 +292,7 @@ def test_a_full_batch_skips_planning_only_where_verify_calls_cannot_pay(engine, 
         if fixed_k:
             configs[-1] = GenerationConfig(max_new_tokens=12, drafter="ngram", ngram_min=1, num_draft_tokens=fixed_k)
         batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=128)
-        batch._verify_seconds = lambda: verify_seconds
+        batch.calls.verify_seconds = lambda: verify_seconds
         bound = batch._drafts_cannot_pay
         batch._drafts_cannot_pay = lambda running: (skipped.append((len(running), bound(running))),
                                                     skipped[-1][1])[1]
@@ -321,7 +321,7 @@ def test_batch_call_costs_interpolate_between_timed_row_counts():
 
 def test_only_a_k_the_request_set_itself_is_kept_under_load(engine):
     """auto's K and the artifact's default K give way in a batch; an explicit K is kept (and reproduces)."""
-    from specdec.runtime.batch import _candidate
+    from specdec.runtime.batch_request import draft_candidate as _candidate
 
     for k, adjustable in [("auto", True), (None, True), (3, False)]:
         opened = engine.open_request([1, 2, 3], GenerationConfig(drafter="ngram", num_draft_tokens=k))
@@ -383,7 +383,7 @@ def test_under_load_a_draft_model_never_catches_up_on_a_whole_context(engine, mo
     from specdec.runtime.draft_length import AdaptiveDraftLength
     from specdec.runtime.loop import MAX_DRAFT_ROOM
 
-    monkeypatch.setattr("specdec.runtime.batch.DRAFT_MARGIN", 1e-6)  # the plan takes every draft it is offered
+    monkeypatch.setattr("specdec.runtime.batch_step.DRAFT_MARGIN", 1e-6)  # the plan takes every draft it is offered
     # auto always asks for drafts: whether it would pay on the tiny models hangs on timings (alone it once did not)
     monkeypatch.setattr(AdaptiveDraftLength, "choose", lambda self, situation="": self.max_k)
     batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
@@ -460,7 +460,7 @@ def test_a_prompt_copies_the_prefix_a_running_request_holds_instead_of_prefillin
     """A document (or system prompt) several requests start with is prefilled once: a request admitted while
     another holds it in its running context copies those positions into its own slot (target and draft), and
     its text is still its target-only one."""
-    from specdec.runtime import batch as batch_module
+    from specdec.runtime import batch_admission as batch_module
 
     document = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four, five, six, seven")
     question = document + engine.prompt_ids(" and then?")
@@ -495,14 +495,14 @@ def test_under_load_the_plan_weighs_the_drafts_prompt_lookup_found_not_the_k_it_
     """Prompt lookup is asked first (it costs nothing): the plan weighs the drafts it found (here never more
     than 2 of the K = 4 asked for; a request whose lookup finds none is no candidate), and the verified drafts
     are a prefix of them."""
-    from specdec.runtime import batch as batch_module
+    from specdec.runtime import batch_step as batch_module
     from specdec.runtime.drafters import NgramDrafter, Proposal
 
     weighed, verified = [], []
     choose = batch_module.choose_draft_lengths_ragged
     monkeypatch.setattr(batch_module, "choose_draft_lengths_ragged", lambda candidates, *args, **kwargs: (
         weighed.extend(c.k for c in candidates), choose(candidates, *args, **kwargs))[1])
-    monkeypatch.setattr("specdec.runtime.batch.DRAFT_MARGIN", 1e-6)  # the plan takes every draft it is offered
+    monkeypatch.setattr("specdec.runtime.batch_step.DRAFT_MARGIN", 1e-6)  # the plan takes every draft it is offered
     propose = NgramDrafter.propose
     monkeypatch.setattr(NgramDrafter, "propose", lambda self, context, k: Proposal(propose(self, context, k).tokens[:2],
                                                                                   None))
@@ -510,9 +510,9 @@ def test_under_load_the_plan_weighs_the_drafts_prompt_lookup_found_not_the_k_it_
     reference = [engine.generate(p, GenerationConfig(max_new_tokens=16, drafter="none")).token_ids for p in prompts]
     configs = [GenerationConfig(max_new_tokens=16, drafter="ngram", num_draft_tokens=4, ngram_min=1)] * 8
     batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
-    batch._ragged_call = (lambda original: lambda running, plans, proposals, *rest: (
-        verified.extend(len(p.tokens) for p in proposals), original(running, plans, proposals, *rest))[1])(
-        batch._ragged_call)
+    batch._ragged_step = (lambda original: lambda running, *rest: (
+        verified.extend(len(r.row.proposal.tokens) for r in running), original(running, *rest))[1])(
+        batch._ragged_step)
     try:
         results = _burst(batch, prompts, configs)
     finally:
@@ -551,7 +551,7 @@ def test_lookup_drafts_the_plan_leaves_unverified_still_teach_each_requests_reco
         return Proposal(tokens if lookup == "right" else [(t + 1) % engine.vocab_size for t in tokens], None)
 
     monkeypatch.setattr(NgramDrafter, "propose", propose)
-    monkeypatch.setattr(BatchEngine, "_draft_lengths", lambda self, running, plans, prompt_tokens=0: [0] * len(running))
+    monkeypatch.setattr(BatchEngine, "_draft_lengths", lambda self, running, prompt_tokens=0: [0] * len(running))
     observed = []
     observe = DraftRecord.observe
     monkeypatch.setattr(DraftRecord, "observe", lambda self, drafted, accepted: (
@@ -751,8 +751,8 @@ configs = [GenerationConfig(max_new_tokens=24, **kinds[i % 3]) for i in range(le
 reference = [engine.generate(p, GenerationConfig(max_new_tokens=24, drafter="none")).token_ids for p in prompts]
 batched_rows = []
 batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
-batch._batched_call = (lambda original: lambda running, plans, proposals, plain, *rest: (
-    batched_rows.append(len(plain)), original(running, plans, proposals, plain, *rest)))(batch._batched_call)
+batch._batched_step = (lambda original: lambda plain, *rest: (
+    batched_rows.append(len(plain)), original(plain, *rest)))(batch._batched_step)
 results = [None] * len(prompts)
 threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, batch.generate(prompts[i], configs[i])))
            for i in range(len(prompts))]
@@ -858,8 +858,8 @@ def test_the_slot_window_follows_the_load_between_the_ragged_rows_and_all_slots(
     rows = engine.target.spec.ragged_rows
     batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=64)
     try:
-        plain = type("Request", (), {"opened": type("Opened", (), {"state": type("State", (), {"hidden": None})})})
-        head = type("Request", (), {"opened": type("Opened", (), {"state": type("State", (), {"hidden": [1]})})})
+        plain = type("Request", (), {"hidden": False})  # a BatchRequest's hidden: whether a draft head reads rows
+        head = type("Request", (), {"hidden": True})
         with batch._wake:
             for load, window in ((0, rows), (3, rows), (rows + 3, rows + 3), (3 * rows, 2 * rows)):
                 batch._waiting.extend([plain] * load)
