@@ -334,11 +334,13 @@ def allowed_many(states: Sequence[GrammarState], drafts: Sequence[Sequence[int]]
 
 def _unpack_rows(bits: np.ndarray, width: int, vocab_size: int) -> np.ndarray:
     """Return bool [rows, vocab_size] from llguidance's int32 bitmask rows (bit k of word w = token 32w+k)."""
-    mask = np.zeros((bits.shape[0], vocab_size), dtype=bool)
-    unpacked = np.unpackbits(np.ascontiguousarray(bits).view(np.uint8), axis=1, bitorder="little")
     # allowed ids past the logits cannot be sampled anyway; padding ids past the tokenizer stay False
     keep = min(width, vocab_size)
-    mask[:, :keep] = unpacked[:, :keep].astype(bool)
+    unpacked = np.unpackbits(np.ascontiguousarray(bits).view(np.uint8), axis=1, count=keep, bitorder="little")
+    if keep == vocab_size:
+        return unpacked.view(bool)  # 0/1 bytes are valid bools: no copy
+    mask = np.zeros((bits.shape[0], vocab_size), dtype=bool)
+    mask[:, :keep] = unpacked.view(bool)
     return mask
 
 
