@@ -26,7 +26,7 @@ from specdec.serve.config import ServeConfig
 from specdec.serve.generation import Generation
 from specdec.serve.guard import BodyTooLarge, RequestGuard, is_loopback
 from specdec.serve.metrics import ServerMetrics
-from specdec.serve import protocol
+from specdec.serve import logprobs_format, protocol
 from specdec.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("specdec.serve")
@@ -327,7 +327,7 @@ def _ready(state: ServerState) -> Engine:
     return state.engine
 
 
-def _generation_config(state: ServerState, body: Any, ids: list[int], param: str) -> GenerationConfig:
+def _generation_config(state: ServerState, body: Any, ids: list[int], param: str, chat: bool) -> GenerationConfig:
     engine, config = state.engine, state.config
     assert engine is not None
     prompt_length = len(ids)
@@ -364,6 +364,10 @@ def _generation_config(state: ServerState, body: Any, ids: list[int], param: str
         num_draft_tokens=config.num_draft_tokens if body.num_draft_tokens is None else body.num_draft_tokens,
         drafter=body.drafter or config.drafter,
         stop_strings=stops,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        logprobs=body.alternatives(chat),
+        prediction=body.prediction.text() or None if body.prediction is not None else None,
     )
     try:
         engine.checked_prompt(ids, generation)  # settings, and token ids against the vocabulary
@@ -380,7 +384,7 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
         raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
                             f"'{config.served_model_name}'", type="not_found_error", param="model",
                        code="model_not_found")
-    generation_config = _generation_config(state, body, ids, param)
+    generation_config = _generation_config(state, body, ids, param, chat)
     deadline = arrival + config.request_timeout
     metrics, model = state.metrics, config.served_model_name
     run: _Run | None = None
@@ -426,8 +430,8 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
     extra = {"specdec": _stats(result)} if want_stats else None
     return JSONResponse(protocol.completion_response(
         chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, text,
-        protocol.FINISH_REASONS.get(result.finish_reason, "stop"),
-        protocol.usage(len(ids), len(result.token_ids)), extra))
+        protocol.FINISH_REASONS.get(result.finish_reason, "stop"), run.usage(result), extra,
+        run.choice_logprobs(run.logprob_entries[:len(result.token_ids)], chat)))
 
 
 class ClientGone(Exception):
@@ -495,6 +499,9 @@ class _Run:
         self._token_text = state.engine.codec.decode_stream() if tokens else None
         self.metrics, self.model = state.metrics, state.config.served_model_name
         self.prompt_tokens = len(ids)
+        self.config = config
+        self.logprob_entries: list[logprobs_format.TokenEntry] = []  # every committed token's, when asked for
+        self._logprob_offset = 0  # completions' text_offset of the next streamed entry
         self.generation = Generation(state.generator, ids, config, on_iteration=self._on_iteration)
         self.generation.start(state.executor)
         state.active.add(self.generation)
@@ -509,6 +516,25 @@ class _Run:
             self.metrics.generation_tokens.labels(self.model).inc(len(iteration.committed))
         if self._token_text is not None:
             self.generation.emit("tokens", _iteration_tokens(iteration, self._token_text, self.state.engine.codec))
+        if iteration.logprobs is not None:
+            entries = logprobs_format.entries(iteration.committed, iteration.logprobs, self.state.engine.codec.decode)
+            self.logprob_entries.extend(entries)
+            self.generation.emit("logprobs", entries)  # ahead of the iteration's text pieces, on the same queue
+
+    def usage(self, result: GenerationResult) -> dict[str, Any]:
+        """Return OpenAI's usage of a finished request (prediction tokens counted where it sent a prediction)."""
+        predicted = result.stats.prediction_tokens() if self.config.prediction else None
+        return protocol.usage(self.prompt_tokens, len(result.token_ids), predicted)
+
+    def choice_logprobs(self, entries: list[logprobs_format.TokenEntry], chat: bool) -> dict[str, Any] | None:
+        """Return a choice's logprobs object for `entries` (None where the request did not ask for logprobs)."""
+        if self.config.logprobs is None:
+            return None
+        if chat:
+            return logprobs_format.chat_logprobs(entries)
+        body = logprobs_format.completion_logprobs(entries, self._logprob_offset)
+        self._logprob_offset += sum(len(entry.token) for entry in entries)
+        return body
 
     async def events(self) -> AsyncIterator[tuple[str, Any]]:
         """Yield ("piece", text) events, then one final event; cancels on the deadline."""
@@ -520,7 +546,7 @@ class _Run:
             except asyncio.TimeoutError:
                 self.generation.cancel("deadline")
                 continue  # the thread answers with ("cancelled", "deadline") within one iteration
-            if kind == "tokens":
+            if kind in ("tokens", "logprobs"):
                 yield kind, value
                 continue
             if kind == "piece":
@@ -542,7 +568,7 @@ class _Run:
     async def result(self) -> GenerationResult:
         """Return the finished generation's result; raise APIError if it was cancelled or failed."""
         async for kind, value in self.events():
-            if kind not in ("piece", "tokens"):
+            if kind not in ("piece", "tokens", "logprobs"):
                 return self._final(kind, value)
         raise AssertionError("unreachable")
 
@@ -595,28 +621,36 @@ def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool) -> AsyncI
         created, model = int(time.time()), run.model
         if chat:
             yield _data(protocol.chunk(chat, id_, created, model, role=True))
-        completion_tokens = 0
+        usage = None
+        pending: list[logprobs_format.TokenEntry] = []  # logprobs ride the next text chunk
+        sent = 0  # logprob entries sent so far
         try:
             async for kind, value in run.events():
                 if kind == "piece":
-                    yield _data(protocol.chunk(chat, id_, created, model, text=value))
+                    yield _data(protocol.chunk(chat, id_, created, model, text=value,
+                                               logprobs=run.choice_logprobs(pending, chat)))
+                    sent, pending = sent + len(pending), []
                     continue
                 if kind == "tokens":  # asked for with specdec_tokens: an empty delta carrying them
                     yield _data(protocol.chunk(chat, id_, created, model, extra={"specdec_tokens": value}))
                     continue
+                if kind == "logprobs":
+                    pending.extend(value)
+                    continue
                 result = run._final(kind, value)
-                completion_tokens = len(result.token_ids)
+                usage = run.usage(result)
                 extra = {"specdec": _stats(result)} if want_stats else None
+                pending = pending[:max(len(result.token_ids) - sent, 0)]  # none past a stop string
                 yield _data(protocol.chunk(chat, id_, created, model,
                                            finish=protocol.FINISH_REASONS.get(result.finish_reason, "stop"),
-                                           extra=extra))
+                                           extra=extra, logprobs=run.choice_logprobs(pending, chat) if pending else None))
         except APIError as err:  # the status line is gone: the error travels as an event, as vLLM does
             yield _data(err.body())
             yield "data: [DONE]\n\n"
             return
         if include_usage:
             yield _data(protocol.chunk(chat, id_, created, model,
-                                       usage_=protocol.usage(run.prompt_tokens, completion_tokens)))
+                                       usage_=usage or protocol.usage(run.prompt_tokens, 0)))
         yield "data: [DONE]\n\n"
 
     return stream()

@@ -1,7 +1,7 @@
 """OpenAI request bodies (pydantic), the error shape, and the response/chunk builders.
 
 Errors follow OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, as vLLM's
-server does. Fields OpenAI defines but specdec cannot honour (n > 1, logprobs, tools, ...)
+server does. Fields OpenAI defines but specdec cannot honour (n > 1, audio, ...)
 are refused with a 400 naming the field, never silently ignored; fields it does not know
 are ignored, as OpenAI's own clients add new ones over time.
 """
@@ -55,6 +55,21 @@ class TextPart(BaseModel):
     text: StrictStr | None = None
 
 
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: the text the answer is expected to be (`{"type": "content", "content": ...}`)."""
+
+    type: Literal["content"]
+    content: Union[StrictStr, list[TextPart]]
+
+    def text(self) -> str:
+        """Return the predicted text (text parts joined); raise APIError for a part that is not text."""
+        if isinstance(self.content, str):
+            return self.content
+        if any(part.type != "text" or part.text is None for part in self.content):
+            raise APIError(400, "prediction.content: only text parts are supported", param="prediction.content")
+        return "".join(part.text or "" for part in self.content)
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: StrictStr
@@ -87,10 +102,11 @@ class _Common(BaseModel):
     # Same shape as the vLLM block below by design: pydantic reads the request schema from one declaration per field.
     n: StrictInt | None = None
     best_of: StrictInt | None = None
-    logprobs: Any = None
-    top_logprobs: Any = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    # chat: true/false (with top_logprobs 0..20); completions: the number of alternatives, 0..5
+    logprobs: Union[StrictBool, StrictInt, None] = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
@@ -100,7 +116,7 @@ class _Common(BaseModel):
     suffix: Any = None
     audio: Any = None
     modalities: Any = None
-    prediction: Any = None
+    prediction: Prediction | None = None
     web_search_options: Any = None
     # vLLM's extensions that would change the answer and are not implemented (declared like OpenAI's above)
     ignore_eos: StrictBool | None = None
@@ -117,10 +133,6 @@ class _Common(BaseModel):
         checks = [
             ("n", self.n not in (None, 1), "only n=1 is supported"),
             ("best_of", self.best_of not in (None, 1), "only best_of=1 is supported"),
-            ("logprobs", self.logprobs not in (None, False, 0), "logprobs are not supported"),
-            ("top_logprobs", self.top_logprobs not in (None, 0), "top_logprobs are not supported"),
-            ("presence_penalty", self.presence_penalty not in (None, 0, 0.0), "presence_penalty is not supported"),
-            ("frequency_penalty", self.frequency_penalty not in (None, 0, 0.0), "frequency_penalty is not supported"),
             ("response_format", _format_type(self.response_format) not in (None, "text"),
              "only response_format {\"type\": \"text\"} is supported"),
             ("tools", bool(self.tools), "tools are not supported"),
@@ -131,7 +143,6 @@ class _Common(BaseModel):
             ("suffix", bool(self.suffix), "suffix is not supported"),
             ("audio", self.audio is not None, "audio output is not supported"),
             ("modalities", self.modalities not in (None, ["text"]), "only the text modality is supported"),
-            ("prediction", self.prediction is not None, "predicted outputs are not supported"),
             ("web_search_options", self.web_search_options is not None, "web search is not supported"),
             ("ignore_eos", bool(self.ignore_eos), "ignore_eos is not supported"),
             ("min_tokens", self.min_tokens not in (None, 0), "min_tokens is not supported"),
@@ -139,6 +150,22 @@ class _Common(BaseModel):
         ] + [(name, getattr(self, name) is not None, "guided decoding is not supported")
              for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")]
         return next(((field, reason) for field, bad, reason in checks if bad), None)
+
+    def alternatives(self, chat: bool) -> int | None:
+        """Return how many alternatives each token's logprobs list (None: no logprobs); raise APIError for a
+        combination OpenAI refuses (top_logprobs without logprobs; completions' logprobs above 5)."""
+        if chat:
+            if self.logprobs not in (None, True, False):
+                raise APIError(400, "logprobs is true or false on chat completions (top_logprobs gives the count)",
+                               param="logprobs")
+            if self.top_logprobs is not None and not self.logprobs:
+                raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return (self.top_logprobs or 0) if self.logprobs else None
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        if self.logprobs is True or not 0 <= self.logprobs <= 5:
+            raise APIError(400, "logprobs on completions is the number of alternatives, 0..5", param="logprobs")
+        return self.logprobs
 
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """Return logit_bias as (token id, bias) pairs; raise APIError for a key that is not a token id, a bias
@@ -208,27 +235,34 @@ SYSTEM_FINGERPRINT = f"specdec-{os.getpid()}"
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "max_positions": "length"}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """Return OpenAI's usage object."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int,
+          prediction_tokens: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Return OpenAI's usage object; with `prediction_tokens` (accepted, rejected), its completion_tokens_details."""
+    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    if prediction_tokens is not None:
+        accepted, rejected = prediction_tokens
+        body["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                             "rejected_prediction_tokens": rejected, "reasoning_tokens": 0}
+    return body
 
 
-def completion_response(chat: bool, id: str, model: str, text: str, finish: str, usage_: dict[str, int],
-                        extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Return a non-streamed chat.completion or text_completion body."""
+def completion_response(chat: bool, id: str, model: str, text: str, finish: str, usage_: dict[str, Any],
+                        extra: dict[str, Any] | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return a non-streamed chat.completion or text_completion body (`logprobs`: the choice's, OpenAI's shape)."""
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                   "finish_reason": finish}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
     body = {"id": id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": model, "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": usage_}
     return {**body, **(extra or {})}
 
 
 def chunk(chat: bool, id: str, created: int, model: str, text: str | None = None, finish: str | None = None,
-          role: bool = False, usage_: dict[str, int] | None = None, extra: dict[str, Any] | None = None) -> dict:
+          role: bool = False, usage_: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+          logprobs: dict[str, Any] | None = None) -> dict:
     """Return one streamed chunk; with `usage_` and no text/finish it is the usage-only last chunk."""
     if usage_ is not None and text is None and finish is None:
         choices: list[dict] = []
@@ -236,9 +270,9 @@ def chunk(chat: bool, id: str, created: int, model: str, text: str | None = None
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text:
             delta["content"] = text
-        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
     else:
-        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+        choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
     body = {"id": id, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
             "model": model, "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
     if usage_ is not None:

@@ -1,0 +1,73 @@
+"""logprobs, penalties and predicted outputs through the server, read back by the official openai client."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+
+from specdec.runtime import GenerationConfig
+from tests.serve.conftest import MODEL
+
+openai = pytest.importorskip("openai")
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
+
+
+def _client(server) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_chat_logprobs_streamed_and_not_agree_and_top_1_is_the_greedy_token(server):
+    client = _client(server)
+    messages = [{"role": "user", "content": PROMPT}]
+    settings = dict(model=MODEL, messages=messages, max_tokens=20, temperature=0, logprobs=True, top_logprobs=3)
+    whole = client.chat.completions.create(**settings)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    assert all(entry.top_logprobs[0].token == entry.token for entry in content)
+    assert all(len(entry.top_logprobs) == 3 and entry.logprob <= 0 for entry in content)
+    assert all(abs(entry.logprob - entry.top_logprobs[0].logprob) < 1e-9 for entry in content)
+    chunks = list(client.chat.completions.create(**settings, stream=True))
+    streamed = [entry for c in chunks if c.choices and c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert all(math.isclose(a.logprob, b.logprob, abs_tol=1e-6) for a, b in zip(streamed, content))
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == whole.choices[0].message.content
+
+
+def test_completion_logprobs_in_the_legacy_shape(server):
+    body = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 2}).json()
+    logprobs = body["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == body["usage"]["completion_tokens"]
+    assert all(len(top) <= 2 for top in logprobs["top_logprobs"]) and logprobs["text_offset"][0] == 0
+
+
+def test_a_prediction_leaves_greedy_text_unchanged_and_its_tokens_are_reported(server, serve_engine):
+    client = _client(server)
+    plain = serve_engine.generate(PROMPT, GenerationConfig(max_new_tokens=24, drafter="none"))
+    for prediction in (plain.text, plain.text[: len(plain.text) // 2] + " something new", "unrelated"):
+        reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0,
+                                          extra_body={"prediction": {"type": "content", "content": prediction}})
+        assert reply.choices[0].text == plain.text
+        details = reply.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens >= 0 and details.rejected_prediction_tokens >= 0
+        if prediction == plain.text:  # the exact answer (the tiny tokenizer re-encodes some of its bytes otherwise)
+            assert details.accepted_prediction_tokens > 0, details
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=12,
+                                          temperature=0, prediction={"type": "content", "content": "Hi there"})
+    assert chat.usage.completion_tokens_details is not None
+
+
+def test_presence_and_frequency_penalties_are_applied(server):
+    prompt = "one two three one two three one two"
+
+    def text(**fields):
+        return httpx.post(server.url + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0, **fields}).json()["choices"][0]["text"]
+
+    plain = text()
+    assert text(frequency_penalty=1.5) != plain and text(presence_penalty=1.5) != plain
+    assert text(presence_penalty=0.0, frequency_penalty=0.0) == plain
