@@ -218,6 +218,14 @@ def _logit_bias_callback(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int
     return tuple(pairs)
 
 
+def _logprob_entries(engine, iteration) -> list[dict]:
+    """Return one {token, id, logprob, top} entry per committed token of an iteration that carries logprobs."""
+    lp, decode = iteration.logprobs, lambda token: engine.codec.decode([int(token)])
+    return [{"token": decode(token), "id": token, "logprob": float(lp.chosen[row]),
+             "top": [[decode(t), float(v)] for t, v in zip(lp.top_ids[row], lp.top_values[row])]}
+            for row, token in enumerate(iteration.committed[:len(lp)])]
+
+
 @main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.argument("prompt")
@@ -227,8 +235,17 @@ def _logit_bias_callback(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int
 @config_option("top_p", float, "Nucleus sampling mass in (0, 1] (1: off).")
 @config_option("min_p", float, "Drop tokens less likely than this fraction of the most likely one (0: off).")
 @config_option("repetition_penalty", float, "> 1 makes tokens already in the prompt or output less likely (1: off).")
+@config_option("presence_penalty", float, "OpenAI's: subtract this (-2..2) from every token the output already has.")
+@config_option("frequency_penalty", float, "OpenAI's: subtract this (-2..2) per time a token is in the output already.")
 @click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS", callback=_logit_bias_callback,
               help="Add BIAS (-100..100) to token ID's logit (repeatable).")
+@click.option("--logprobs", type=click.IntRange(0, 20), default=None, metavar="N",
+              help="Report each generated token's log-probability and its N most likely alternatives (0..20), read "
+                   "from the target; shown per token with --verbose, and in --json output.")
+@click.option("--prediction", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              callback=lambda ctx, param, path: path.read_text(encoding="utf-8") if path else None, metavar="FILE",
+              help="A file holding the text the answer is expected to be (an edit's original): drafts are copied "
+                   "from it, and verified like any draft, so the output is the same with or without it.")
 @click.option("--stop-token-id", "stop_token_ids", type=click.IntRange(min=0), multiple=True, metavar="ID",
               help="End the answer after this token, as after EOS (repeatable).")
 @config_option("seed", int, "Random seed: same seed, same output.")
@@ -280,7 +297,15 @@ def generate(artifact, prompt, num_draft_tokens, drafter, no_draft, provider, th
             err=True,
         )
 
-    stream = engine.stream(prompt, config, on_iteration=show_iteration if verbose else None)
+    logprobs: list[dict] = []
+
+    def on_iteration(iteration) -> None:
+        if iteration.logprobs is not None:
+            logprobs.extend(_logprob_entries(engine, iteration))
+        if verbose:
+            show_iteration(iteration)
+
+    stream = engine.stream(prompt, config, on_iteration=on_iteration)
     if as_json:
         for _ in stream:
             pass
@@ -298,6 +323,9 @@ def generate(artifact, prompt, num_draft_tokens, drafter, no_draft, provider, th
             "finish_reason": result.finish_reason,
             "provider": engine.provider,
             "stats": result.stats.as_dict(),
+            **({"logprobs": logprobs[:len(result.token_ids)]} if config.logprobs is not None else {}),
+            **({"prediction_tokens": dict(zip(("accepted", "rejected"), result.stats.prediction_tokens()))}
+               if config.prediction else {}),
         }))
     else:
         click.echo(f"--- finish: {result.finish_reason}; provider {engine.provider}\n{result.stats.summary()}", err=True)

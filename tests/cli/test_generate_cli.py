@@ -144,3 +144,20 @@ def test_ngram_settings_reach_the_drafter(tiny_target_only_artifact):
                  "-k", 4, "--json")
     tight_stats, loose_stats = (json.loads(r.stdout.strip().splitlines()[-1])["stats"] for r in (tight, loose))
     assert tight_stats["drafted"] < loose_stats["drafted"]
+
+
+def test_logprobs_and_a_prediction_file_reach_the_json_output(tiny_artifacts, tmp_path):
+    plain = json.loads(_run("generate", tiny_artifacts["llama"], "one two three", "--max-new-tokens", "12",
+                            "--no-draft", "--json").stdout)
+    predicted = tmp_path / "prediction.txt"
+    predicted.write_text(plain["text"], encoding="utf-8")
+    result = _run("generate", tiny_artifacts["llama"], "one two three", "--max-new-tokens", "12", "--json",
+                  "--logprobs", "2", "--prediction", str(predicted), "--drafter", "ngram")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert body["token_ids"] == plain["token_ids"]
+    assert [entry["id"] for entry in body["logprobs"]] == body["token_ids"]
+    assert all(len(entry["top"]) == 2 and entry["logprob"] <= 0 for entry in body["logprobs"])
+    assert set(body["prediction_tokens"]) == {"accepted", "rejected"}
+    missing = _run("generate", tiny_artifacts["llama"], "hi", "--prediction", str(tmp_path / "nope.txt"))
+    assert missing.exit_code == 2 and "does not exist" in missing.output
