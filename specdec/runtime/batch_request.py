@@ -18,7 +18,7 @@ from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.draft_length import ANY_SITUATION, AdaptiveDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, Proposal
 from specdec.runtime.engine import OpenRequest
-from specdec.runtime.loop import DecodeState, Iteration
+from specdec.runtime.loop import FORCED, DecodeState, Iteration
 from specdec.runtime.slots import SlotCache
 
 END = object()  # put on a request's queue: the scheduler is done with it (cancelled or shut down)
@@ -139,6 +139,8 @@ def draft_candidate(opened: OpenRequest, situation: str | None, k: int) -> Draft
     load); `auto`'s K and the artifact's default K give way when the batch serves more without them.
     """
     policy = opened.state.policy
+    if situation == FORCED:  # a grammar's forced tokens: the only allowed ones, so the target takes them
+        return DraftCandidate(k, 1.0, adjustable=False)
     if not k_gives_way(opened):
         return DraftCandidate(k, 0.5, adjustable=False)
     if isinstance(policy, AdaptiveDraftLength):
@@ -179,7 +181,7 @@ def draft_lag(state: DecodeState, situation: str | None) -> int:
 def drafts_free(state: DecodeState, situation: str | None) -> bool:
     """Return whether the request's next drafts come from prompt lookup (n-gram, phrase table), which costs
     nothing to ask and reads no model, rather than a draft model or head."""
-    return state.drafter.drafts_by_lookup(situation) and not state.hidden
+    return situation == FORCED or (state.drafter.drafts_by_lookup(situation) and not state.hidden)
 
 
 def first_drafts(proposal: Proposal, k: int) -> Proposal:

@@ -7,7 +7,8 @@ A step, top to bottom (`BatchStep._step`):
    those that exist (it often finds fewer than K, or none);
 3. choose K: the batch plan (batch_plan.py) lowers a K the request did not set where the batch
    serves more tokens per second without it; lookup drafts it leaves unverified become shadows;
-4. draft: the draft models' and heads' calls of all rows, shared round by round (batch_drafting.py);
+4. draft: the draft models' and heads' calls of all rows, shared round by round (batch_drafting.py); under a
+   grammar, drafts it refuses are cut and each verify row gets its mask (loop.py `constrain`);
 5. ONE target call (batch_calls.py): the ragged-rows call over every row, else the batched decode
    call for the rows without drafts and a batch-1 verify call for each other;
 6. commit each row (loop.py `commit`, the only place that rolls back) and deliver its iteration.
@@ -23,7 +24,7 @@ from specdec.runtime.batch_calls import RowLogits
 from specdec.runtime.batch_plan import choose_draft_lengths_ragged, choose_speculating, drafts_cannot_pay
 from specdec.runtime.batch_request import (BatchRequest, RowPlan, draft_candidate, draft_lag, drafts_free, k_gives_way,
                                            largest_k)
-from specdec.runtime.loop import MAX_DRAFT_ROOM, commit, draft, plan
+from specdec.runtime.loop import MAX_DRAFT_ROOM, commit, constrain, draft, plan
 
 # Drafts must promise this much more than a step without them: every other row pays for a wrong yes, and a
 # request's acceptance is known from a few iterations (at 1.0, n-gram rows drafted under load and lost 16%).
@@ -48,8 +49,17 @@ class BatchStep:
         for request, k in zip(running, self._draft_lengths(running, sum(r.rest_tokens for r in admitted))):
             request.choose_k(k)
         self.drafting.draft_all(running)
+        self._constrain_rows(running)
         self._score_and_commit(running, admitted, start)
         self._reap_cancelled()
+
+    @staticmethod
+    def _constrain_rows(running: list[BatchRequest]) -> None:
+        """Cut every row's drafts to what its grammar accepts and attach the masks of its verify rows (all the
+        step's masks in one engine call: loop.constrain)."""
+        proposals = constrain([r.state for r in running], [r.row.proposal for r in running])
+        for request, proposal in zip(running, proposals):
+            request.row.proposal = proposal
 
     @staticmethod
     def _plan_rows(running: list[BatchRequest], asked: bool) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from specdec.models.errors import GenerationError
 from specdec.models.manifest import DRAFTER_KINDS
+from specdec.runtime.grammar import GrammarSpec
 from specdec.runtime.logprobs import MAX_TOP_LOGPROBS
 from specdec.runtime.sampling import SamplingConfig
 
@@ -36,6 +37,9 @@ class GenerationConfig:
     # The text (or token ids) the answer is expected to be (OpenAI's Predicted Outputs: a file to edit): drafted
     # from, and verified like any draft, so the output does not depend on it (specdec/runtime/prediction.py).
     prediction: str | tuple[int, ...] | None = None
+    # What the output must match (structured outputs: a JSON schema, JSON, a regex, a choice, a Lark grammar),
+    # enforced by a mask on every row, the target's and the draft's alike (specdec/runtime/grammar.py).
+    grammar: GrammarSpec | None = None
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the generation like EOS (kept in the output)
     # Seeds this request's numpy Generator: same seed and K, same output. Under
     # num_draft_tokens="auto" K follows measured timings, so sampled output can vary.
@@ -59,7 +63,7 @@ class GenerationConfig:
         """Return the sampling part of the config."""
         return SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty,
                               tuple(self.logit_bias), self.presence_penalty, self.frequency_penalty,
-                              needs_logits=self.logprobs is not None)
+                              needs_logits=self.logprobs is not None or self.grammar is not None)
 
     def sampling_after(self, prompt_length: int) -> SamplingConfig:
         """Return the sampling part for a prompt of `prompt_length` tokens: the output starts after it (what the
@@ -98,6 +102,9 @@ class GenerationConfig:
                 isinstance(self.prediction, (tuple, list)) and all(
                     isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.prediction)):
             raise GenerationError(f"prediction must be a string or token ids, got {type(self.prediction).__name__}")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise GenerationError(f"grammar must be a GrammarSpec (GrammarSpec.of('json_schema', schema)), "
+                                  f"got {type(self.grammar).__name__}")
         if self.max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         k = self.num_draft_tokens

@@ -39,6 +39,17 @@ class Proposal:
 
     tokens: list[int]  # [k'] with k' <= k (an n-gram drafter may find fewer, or none)
     probs: np.ndarray | None  # [k', vocab] processed q rows; None: one-hot at each token
+    # [k' + 1, vocab] bool: a grammar's allowed tokens at each verify row (loop.constrain); None: no grammar
+    mask: np.ndarray | None = None
+
+
+def grammar_row(grammar, drafted: list[int]) -> np.ndarray | None:
+    """Return [1, vocab] bool: the tokens a request's grammar (a GrammarState, or None: no mask) allows after
+    its committed output and `drafted`. A sampling drafter draws from q under this mask, so its q is the q the
+    target's p is tested against, both masked alike."""
+    if grammar is None:
+        return None
+    return grammar.allowed(drafted)[1][-1:]
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,7 @@ class ModelDrafter:
         self.sampling = sampling
         self.rng = rng
         self.cache: KVCache = session.new_cache(capacity)  # capacity: positions to expect, if known
+        self.grammar = None  # the request's GrammarState, if it has one: drafts are sampled under its mask
         # Single-token calls only: catch-up calls carry several tokens and would inflate c.
         self._step_seconds = 0.0
         self._steps = 0
@@ -179,12 +191,13 @@ class ModelDrafter:
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for i in range(k):
-            # the tokens before this draft's position, for a repetition penalty
+            # the tokens before this draft's position, for a penalty
             seen = [context + tokens] if self.sampling.reads_context else None
+            mask = grammar_row(self.grammar, tokens)
             if self.sampling.greedy:
-                token = int(greedy_tokens(logits[None, :], self.sampling, seen)[0])  # q one-hot: probs=None
+                token = int(greedy_tokens(logits[None, :], self.sampling, seen, mask)[0])  # q one-hot: probs=None
             else:
-                q = process_logits(logits[None, :], self.sampling, seen)[0]
+                q = process_logits(logits[None, :], self.sampling, seen, mask)[0]
                 token = sample_token(q, self.rng)
                 rows.append(q)
             tokens.append(token)

@@ -24,7 +24,7 @@ import numpy as np
 
 from specdec.models.errors import ArtifactError
 from specdec.models.manifest import FeatureDraftSpec, GraphSpec
-from specdec.runtime.drafters import DrafterStats, Proposal, run_draft_calls
+from specdec.runtime.drafters import DrafterStats, Proposal, grammar_row, run_draft_calls
 from specdec.runtime.providers import create_session
 from specdec.runtime.sampling import SamplingConfig, greedy_tokens, process_logits, sample_token
 
@@ -196,6 +196,7 @@ class EagleDrafter:
         self.head = head
         self.sampling = sampling
         self.rng = rng
+        self.grammar = None  # the request's GrammarState, if it has one: drafts are sampled under its mask
         shape = (1, head.spec.num_kv_heads, 0, head.spec.head_dim)
         self.key = np.zeros(shape, np.float32)
         self.value = np.zeros(shape, np.float32)
@@ -271,12 +272,13 @@ class EagleDrafter:
         for i in range(k):
             # the tokens before this draft's position, for a repetition penalty
             seen = [context + tokens] if self.sampling.reads_context else None
+            mask = grammar_row(self.grammar, tokens)
             if self.sampling.raw_argmax:
                 token = int(self.head.subset[int(np.argmax(logits))])
             elif self.sampling.greedy:
-                token = int(greedy_tokens(self.head.full_logits(logits[None]), self.sampling, seen)[0])
+                token = int(greedy_tokens(self.head.full_logits(logits[None]), self.sampling, seen, mask)[0])
             else:
-                q = process_logits(self.head.full_logits(logits[None]), self.sampling, seen)[0]
+                q = process_logits(self.head.full_logits(logits[None]), self.sampling, seen, mask)[0]
                 token = sample_token(q, self.rng)
                 rows.append(q)
             tokens.append(token)

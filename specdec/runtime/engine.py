@@ -19,6 +19,7 @@ from specdec.runtime.combined import CombinedDrafter
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
 from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec.runtime.eagle import EagleDrafter, EagleHead
+from specdec.runtime.grammar import CompiledGrammar, GrammarSpec, compile_grammar, grammar_tokenizer
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeRequest, DecodeState, Iteration, decode
 from specdec.runtime.phrases import PhraseTable
@@ -182,6 +183,8 @@ class Engine:
                           ("prediction", predicted)):
             if any(token >= self.vocab_size for token in ids):
                 raise GenerationError(f"{name}: token ids must be below the vocabulary size {self.vocab_size}")
+        if config.grammar is not None:
+            self.grammar(config.grammar)  # a malformed or unsupported grammar fails here, in one line
         ids = (check_token_ids(prompt, self.vocab_size) if isinstance(prompt, list)
                else self.prompt_ids(prompt, config.chat))
         if len(ids) > self.max_positions:
@@ -189,6 +192,11 @@ class Engine:
                 f"prompt of {len(ids)} tokens is too long for the model's {self.max_positions} positions"
             )
         return ids
+
+    def grammar(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Return `spec` compiled for this artifact's tokenizer (cached); raise GrammarError for a bad one."""
+        eos = sorted(self.manifest.tokenizer.eos_token_ids)
+        return compile_grammar(spec, grammar_tokenizer(self.codec.tokenizer, eos))
 
     def drafter_kind(self, requested: str) -> str:
         """Return the drafter `requested` ("auto", "model", "ngram" or "none") resolves to on this artifact.
@@ -278,14 +286,19 @@ class Engine:
         request = DecodeRequest(ids, config.max_new_tokens, sampling,
                                 frozenset(self.eos_token_ids) | frozenset(config.stop_token_ids),
                                 self.max_positions, logprobs=config.logprobs)
-        return OpenRequest(DecodeState(request, rng, drafter, policy if drafter else None), config, stats)
+        grammar = self.grammar(config.grammar).start(self.target.vocab_limit) if config.grammar else None
+        for side in (drafter.draft_model, drafter.draft_head) if drafter is not None else ():
+            if side is not None:
+                side.grammar = grammar  # a sampling draft draws under the mask the target's rows get
+        return OpenRequest(DecodeState(request, rng, drafter, policy if drafter else None, grammar=grammar), config,
+                           stats)
 
     def _pieces(self, ids: list[int], config: GenerationConfig,
                 on_iteration: Callable[[Iteration], None] | None, stream: GenerationStream) -> Iterator[str]:
         opened = self.open_request(ids, config)
         cache = self.target.new_cache(capacity=opened.state.request.cache_capacity)
         state = opened.state
-        iterations = decode(self.target, cache, state.request, state.rng, state.drafter, state.policy)
+        iterations = decode(self.target, cache, state.request, state.rng, state.drafter, state.policy, state.grammar)
         return self.text_pieces(opened, iterations, cache, on_iteration, stream)
 
     def text_pieces(self, opened: "OpenRequest", iterations: Iterator[Iteration], counters: KVCache,

@@ -52,9 +52,8 @@ def token_logprobs(logits: np.ndarray, tokens: Sequence[int], config: SamplingCo
         raise ValueError(f"need [>= {n}, vocab] logits, got shape {logits.shape}")
     if not 0 <= top <= MAX_TOP_LOGPROBS:
         raise ValueError(f"top must be in 0..{MAX_TOP_LOGPROBS}, got {top}")
-    rows = adjust_logits(logits[:n], config, seen[:n] if seen is not None else None).astype(np.float64)
-    if mask is not None:
-        rows = np.where(mask[:n], rows, -np.inf)
+    rows = adjust_logits(logits[:n], config, seen[:n] if seen is not None else None,
+                         None if mask is None else mask[:n]).astype(np.float64)
     if not config.greedy:
         rows = rows / config.temperature
     values = log_softmax(rows)

@@ -1,7 +1,8 @@
 """The decoding loop: speculative (Leviathan et al. 2023, Algorithm 1) and plain.
 
 One iteration, top to bottom:
-  1. draft    - the drafter proposes K tokens (and their q rows);
+  1. draft    - the drafter proposes K tokens (and their q rows); under a grammar, the tokens it
+                forces are the drafts, and drafts it refuses are cut (`constrain`);
   2. verify   - ONE target call scores the last committed token plus the K drafts;
   3. accept   - greedy matching, or rejection sampling against p;
   4. roll back - the target cache and the drafter drop the rejected drafts, side by side;
@@ -22,6 +23,7 @@ from specdec.models.errors import GenerationError
 from specdec.runtime.acceptance import Verdict, greedy_verify, rejection_sample
 from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.drafters import Drafter, Proposal
+from specdec.runtime.grammar import GrammarState, allowed_many
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.logprobs import TokenLogprobs, token_logprobs
 from specdec.runtime.sampling import (SamplingConfig, greedy_tokens, next_token, process_logits,
@@ -30,6 +32,7 @@ from specdec.runtime.session import ModelSession
 
 
 MAX_DRAFT_ROOM = MAX_DRAFT_TOKENS + 1  # one verify call's tokens beyond the committed context
+FORCED = "grammar: forced"  # the situation of drafts a grammar forces (a key, a brace): nearly always accepted
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,8 @@ class DecodeState:
     states: np.ndarray | None = None  # the target's hidden rows of the last call, for a feature drafter
     iteration: Iteration | None = None  # the last one committed
     draft_seconds: float = 0.0  # drafting since the last target call
+    grammar: GrammarState | None = None  # what the output must match (structured outputs); None: free text
+    forced: list[int] = field(default_factory=list)  # the tokens the grammar forces next, as `plan` found them
 
     def __post_init__(self):
         if self.drafter is not None and self.policy is None:
@@ -166,8 +171,11 @@ def first_token(state: DecodeState, logits: np.ndarray, states: np.ndarray | Non
     drafter the prompt; return the first Iteration."""
     request = state.request
     state.states = states
-    token = next_token(logits, request.sampling, state.rng, request.prompt_ids)
-    logprobs = _logprobs(request, logits[None, :], [token], request.prompt_ids, [])
+    mask = state.grammar.allowed([])[1] if state.grammar is not None else None
+    token = next_token(logits, request.sampling, state.rng, request.prompt_ids, None if mask is None else mask[0])
+    logprobs = _logprobs(request, logits[None, :], [token], request.prompt_ids, [], mask)
+    if state.grammar is not None:
+        state.grammar.advance([token])
     state.context = list(request.prompt_ids) + [token]
     state.generated = 1
     state.iteration = _finish(Iteration([], 0, [token], False, None, prefill=True, target_seconds=seconds,
@@ -181,19 +189,51 @@ def plan(state: DecodeState) -> tuple[str | None, int]:
     """Return (the drafting situation, K) for the next iteration: the policy's K within the request's limits."""
     if not state.drafting:
         return None, 0
-    situation = state.drafter.situation(state.context)
     request = state.request
     # The target call takes k+1 tokens on a cache of len(context)-1 positions.
-    return situation, min(state.policy.choose(situation), request.max_new_tokens - state.generated - 1,
-                          request.max_positions - len(state.context))
+    room = min(request.max_new_tokens - state.generated - 1, request.max_positions - len(state.context))
+    # Tokens a grammar forces cost no drafter and are nearly always accepted: they are the drafts, whatever K.
+    state.forced = state.grammar.forced(min(room, MAX_DRAFT_TOKENS)) if state.grammar is not None else []
+    if state.forced:
+        return FORCED, len(state.forced)
+    situation = state.drafter.situation(state.context)
+    return situation, min(state.policy.choose(situation), room)
 
 
 def draft(state: DecodeState, k: int) -> Proposal:
-    """Return the drafter's proposal of `k` tokens (none for k = 0), its time counted to the iteration."""
+    """Return the drafter's proposal of `k` tokens (none for k = 0; the forced ones where `plan` found some), its
+    time counted to the iteration."""
     start = time.perf_counter()
-    proposal = state.drafter.propose(state.context, k) if k > 0 else Proposal([], None)
+    if k > 0 and state.forced:
+        proposal = Proposal(state.forced[:k], None)
+    else:
+        proposal = state.drafter.propose(state.context, k) if k > 0 else Proposal([], None)
     state.draft_seconds += time.perf_counter() - start
     return proposal
+
+
+def constrain(states: list[DecodeState], proposals: list[Proposal]) -> list[Proposal]:
+    """Return each proposal cut to the drafts its request's grammar accepts, with the grammar's mask for each
+    verify row attached (Proposal.mask); a request without a grammar keeps its proposal. Every mask of the batch
+    is filled in one engine call.
+
+    Cutting is exact for one-hot drafts (lookup, forced, a greedy draft model): a draft the grammar refuses has
+    p = 0 and would be rejected, and the target then samples from p, as it does at the cut. A sampling drafter
+    draws under the same mask (drafters.grammar_row), so its drafts are never cut.
+    """
+    constrained = [i for i, state in enumerate(states) if state.grammar is not None]
+    if not constrained:
+        return proposals
+    masks = allowed_many([states[i].grammar for i in constrained], [proposals[i].tokens for i in constrained])
+    out = list(proposals)
+    for i, (n, mask) in zip(constrained, masks):
+        proposal = proposals[i]
+        after_eos = n > 0 and proposal.tokens[n - 1] in states[i].request.eos_token_ids  # never committed
+        if n < len(proposal.tokens) and proposal.probs is not None and not after_eos:
+            raise GenerationError(f"a sampled draft broke the grammar at {proposal.tokens[n]} (draft {n}): the "
+                                  "drafter must sample under its mask")
+        out[i] = Proposal(proposal.tokens[:n], None if proposal.probs is None else proposal.probs[:n], mask)
+    return out
 
 
 def verify_call(target: ModelSession, cache: KVCache, state: DecodeState, drafts: list[int]) -> np.ndarray:
@@ -209,7 +249,7 @@ def commit(state: DecodeState, cache: KVCache, situation: str | None, proposal: 
     request, drafts = state.request, proposal.tokens
     verdict = _verify(state.context, proposal, logits, request.sampling, state.rng)  # 3. accept
     committed = verdict.committed(drafts)
-    logprobs = _logprobs(request, logits, committed, state.context, drafts)
+    logprobs = _logprobs(request, logits, committed, state.context, drafts, proposal.mask)
     # 4. roll back: the target keeps the last committed token and the accepted drafts; so does the draft
     past_length = len(state.context) - 1
     cache.rollback(len(state.context) + verdict.num_accepted)
@@ -222,6 +262,8 @@ def commit(state: DecodeState, cache: KVCache, situation: str | None, proposal: 
         target_seconds=target_seconds, draft_step_seconds=state.drafter.stats.step_seconds if state.drafting else None,
         logprobs=logprobs), request.eos_token_ids)
     state.generated += len(iteration.committed)
+    if state.grammar is not None:  # the matcher moves over what was kept; the rejected drafts never entered it
+        state.grammar.advance(iteration.committed)
     state.iteration = _finish(iteration, request, state.context, state.generated)
     if state.drafting:
         state.policy.observe(state.iteration)
@@ -230,17 +272,18 @@ def commit(state: DecodeState, cache: KVCache, situation: str | None, proposal: 
 
 
 def decode(target: ModelSession, cache: KVCache, request: DecodeRequest, rng: np.random.Generator,
-           drafter: Drafter | None = None, draft_length: DraftLengthPolicy | None = None) -> Iterator[Iteration]:
+           drafter: Drafter | None = None, draft_length: DraftLengthPolicy | None = None,
+           grammar: GrammarState | None = None) -> Iterator[Iteration]:
     """Yield one Iteration per target call until EOS, max_new_tokens or the position limit.
 
     `cache` is the target's, empty, owned by the caller. The output is distributed exactly
-    as the target's own (token for token under greedy).
+    as the target's own (token for token under greedy), under `grammar`'s mask where given.
     """
-    state = DecodeState(request, rng, drafter, draft_length)
+    state = DecodeState(request, rng, drafter, draft_length, grammar=grammar)
     yield prefill(target, cache, state)
     while not state.finished:
         situation, k = plan(state)
-        proposal = draft(state, k)  # 1. draft
+        proposal = constrain([state], [draft(state, k)])[0]  # 1. draft
         start = time.perf_counter()
         logits = verify_call(target, cache, state, proposal.tokens)  # 2. verify, in one target call
         yield commit(state, cache, situation, proposal, logits, time.perf_counter() - start)  # 3.-5.
@@ -262,20 +305,20 @@ def _verify(context: list[int], proposal: Proposal, logits: np.ndarray, sampling
     drafts = proposal.tokens
     seen = seen_before_rows(context, drafts, len(logits)) if sampling.reads_context else None
     if sampling.greedy:
-        return greedy_verify(drafts, greedy_tokens(logits, sampling, seen))
-    target_probs = process_logits(logits, sampling, seen)  # same processing as the draft's q
+        return greedy_verify(drafts, greedy_tokens(logits, sampling, seen, proposal.mask))
+    target_probs = process_logits(logits, sampling, seen, proposal.mask)  # same processing as the draft's q
     return rejection_sample(drafts, target_probs, proposal.probs, rng)
 
 
 def _logprobs(request: DecodeRequest, logits: np.ndarray, tokens: list[int], context: list[int],
-              drafts: list[int]) -> TokenLogprobs | None:
+              drafts: list[int], mask: np.ndarray | None) -> TokenLogprobs | None:
     """Return the TokenLogprobs of `tokens` committed after `context` (row r after drafts[:r]), read from the
     target's rows, if the request asks for them."""
     if request.logprobs is None:
         return None
     sampling = request.sampling
     seen = seen_before_rows(context, drafts, len(tokens)) if sampling.reads_context else None
-    return token_logprobs(logits, tokens, sampling, seen, request.logprobs)
+    return token_logprobs(logits, tokens, sampling, seen, request.logprobs, mask)
 
 
 def _cut_at_eos(iteration: Iteration, eos_token_ids: frozenset[int]) -> Iteration:

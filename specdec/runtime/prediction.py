@@ -15,7 +15,7 @@ exactly the target's whatever the prediction says.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import Generator, Sequence
 
 import numpy as np
 
@@ -86,6 +86,25 @@ class PredictionDrafter:
     def prediction(self) -> list[int]:
         """Return the predicted tokens."""
         return self.index.tokens
+
+    @property
+    def draft_model(self) -> None:
+        """Return None: a prediction reads no model."""
+        return None
+
+    @property
+    def draft_head(self) -> None:
+        """Return None: a prediction reads no head."""
+        return None
+
+    def drafts_by_lookup(self, situation: str | None) -> bool:
+        """Return True: every proposal is copied, from the prediction or the context."""
+        return True
+
+    def draft_calls(self, context: list[int], k: int) -> Generator[list[int], np.ndarray, Proposal]:
+        """Return `propose`'s proposal without a call (a generator that yields nothing)."""
+        return self.propose(context, k)
+        yield  # unreachable: makes this a generator of no calls
 
     def begin(self, prompt_ids: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Note where the answer starts (after the prompt; the first token is committed next)."""

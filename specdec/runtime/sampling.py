@@ -108,12 +108,14 @@ def seen_before_rows(context: Sequence[int], drafts: Sequence[int], rows: int) -
     return [list(context) + list(drafts[:row]) for row in range(rows)]
 
 
-def adjust_logits(logits: np.ndarray, config: SamplingConfig, seen: Sequence[Sequence[int]] | None) -> np.ndarray:
+def adjust_logits(logits: np.ndarray, config: SamplingConfig, seen: Sequence[Sequence[int]] | None,
+                  mask: np.ndarray | None = None) -> np.ndarray:
     """Return logits [rows, vocab] with the logit bias added, then the repetition penalty, then the frequency and
     presence penalties applied (vLLM's order; float64; the input itself when none is set). `seen[r]`: the tokens
-    before row r, the prompt's included (needed with a penalty)."""
+    before row r, the prompt's included (needed with a penalty). mask [rows, vocab] bool: a grammar's allowed
+    tokens (specdec/runtime/grammar.py); the others get -inf, last, so that every later step sees them gone."""
     if not config.logit_bias and not config.reads_context:
-        return logits
+        return logits if mask is None else np.where(mask, logits, -np.inf)
     adjusted = logits.astype(np.float64)  # a copy: the caller's logits stay as the model gave them
     vocab = adjusted.shape[-1]
     for token, bias in config.logit_bias:
@@ -133,21 +135,21 @@ def adjust_logits(logits: np.ndarray, config: SamplingConfig, seen: Sequence[Seq
                 ids, counts = np.unique(np.asarray(tokens[config.output_start:], dtype=np.int64), return_counts=True)
                 inside = ids < vocab
                 adjusted[row, ids[inside]] -= counts[inside] * config.frequency_penalty + config.presence_penalty
-    return adjusted
+    return adjusted if mask is None else np.where(mask, adjusted, -np.inf)
 
 
 def process_logits(logits: np.ndarray, config: SamplingConfig,
-                   seen: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+                   seen: Sequence[Sequence[int]] | None = None, mask: np.ndarray | None = None) -> np.ndarray:
     """Return probabilities [rows, vocab] (float64, rows sum to 1) from logits [rows, vocab].
 
-    First the logit bias and the repetition penalty (`seen[r]`: the tokens before row r). Greedy then
+    First the logit bias, the penalties (`seen[r]`: the tokens before row r) and a grammar's mask. Greedy then
     gives a one-hot row at the argmax, so a greedy draft is never scored with a softmax q. Otherwise:
     divide by temperature, keep top-k, keep top-p, keep min-p, softmax (transformers' order).
     """
     if logits.ndim != 2:
         raise ValueError(f"logits must be [rows, vocab], got shape {logits.shape}")
     rows, vocab = logits.shape
-    logits = adjust_logits(logits, config, seen)
+    logits = adjust_logits(logits, config, seen, mask)
     if config.greedy:
         probs = np.zeros((rows, vocab), dtype=np.float64)
         probs[np.arange(rows), np.argmax(logits, axis=-1)] = 1.0
@@ -188,14 +190,16 @@ def sample_token(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def next_token(logits_row: np.ndarray, config: SamplingConfig, rng: np.random.Generator,
-               seen: Sequence[int] = ()) -> int:
-    """Return the next token for one logits row [vocab] after the tokens `seen`: argmax when greedy, else a
-    sample."""
+               seen: Sequence[int] = (), mask: np.ndarray | None = None) -> int:
+    """Return the next token for one logits row [vocab] after the tokens `seen` (mask [vocab]: the allowed
+    tokens): argmax when greedy, else a sample."""
+    rows_mask = None if mask is None else mask[None, :]
     if config.greedy:
-        return int(np.argmax(adjust_logits(logits_row[None, :], config, [seen])[0]))
-    return sample_token(process_logits(logits_row[None, :], config, [seen])[0], rng)
+        return int(np.argmax(adjust_logits(logits_row[None, :], config, [seen], rows_mask)[0]))
+    return sample_token(process_logits(logits_row[None, :], config, [seen], rows_mask)[0], rng)
 
 
-def greedy_tokens(logits: np.ndarray, config: SamplingConfig, seen: Sequence[Sequence[int]] | None) -> np.ndarray:
-    """Return each row's argmax [rows] after the logit bias and the repetition penalty."""
-    return np.argmax(adjust_logits(logits, config, seen), axis=-1)
+def greedy_tokens(logits: np.ndarray, config: SamplingConfig, seen: Sequence[Sequence[int]] | None,
+                  mask: np.ndarray | None = None) -> np.ndarray:
+    """Return each row's argmax [rows] after the logit bias, the penalties and a grammar's mask [rows, vocab]."""
+    return np.argmax(adjust_logits(logits, config, seen, mask), axis=-1)

@@ -15,6 +15,7 @@ from specdec.runtime.config import MAX_DRAFT_TOKENS
 from specdec.runtime.greedy_head import MAX_ROWS as GREEDY_HEAD_MAX_ROWS, GreedyHead
 from specdec.runtime.kv_cache import BufferPool, KVCache, KVSlicer, KVView
 from specdec.runtime.providers import create_session, ort
+from specdec.runtime.row_plan import GraphRows, RowPlan, batch_rows, ragged_rows, single_rows
 
 
 def check_kv_buffer_device(spec: GraphSpec, device: str) -> None:
@@ -104,34 +105,6 @@ def reads_greedy_head(spec: GraphSpec, rows: int) -> bool:
     return rows <= GREEDY_HEAD_MAX_ROWS or spec.pads_calls
 
 
-@dataclass(frozen=True)
-class RowPlan:
-    """Where one call's rows go: what is fed, which rows the graph keeps, which of them the caller gets."""
-
-    pad: int  # throwaway positions fed after the real tokens (min_rows), written past the cache's length
-    n_fed: int  # positions fed: the new tokens plus the pad
-    out_rows: int  # rows the graph keeps (its logits_rows input), counted from the end of the fed ones
-    head_start: int  # the first kept row the LM head reads
-    kept: slice  # the caller's rows among the kept ones
-    kept_by_head: slice  # the same rows among the LM head's output rows
-
-
-def plan_rows(spec: GraphSpec, past: int, n_new: int, rows: int, hidden: bool) -> RowPlan:
-    """Return the RowPlan of a call over `n_new` tokens after `past` positions that wants the last `rows` logits.
-
-    A graph whose kernels round a 1-row call differently (min_rows > 1, int4 at accuracy level 4)
-    gets throwaway positions after the real ones; the rows the LM head needs also hold min_rows,
-    since they go through MatMuls. A hidden-state call keeps every fed row (its features).
-    """
-    pad = min(max(0, spec.min_rows - n_new), spec.max_positions - past - n_new)
-    n_fed = n_new + pad
-    head_rows = min(max(rows + pad, spec.min_rows), n_fed)
-    out_rows = (n_fed if hidden else head_rows) if spec.logits_rows_name else n_fed
-    head_start = out_rows - head_rows if (spec.greedy_head or spec.head_row_start_name) else 0
-    kept = slice(out_rows - pad - rows, out_rows - pad)
-    return RowPlan(pad, n_fed, out_rows, head_start, kept, slice(kept.start - head_start, kept.stop - head_start))
-
-
 def _bind_head_rows(binding: ort.IOBinding, spec: GraphSpec, plan: RowPlan, greedy_head: bool) -> None:
     """Bind the inputs that say which rows the graph keeps and which LM head reads them from where."""
     if spec.logits_rows_name:
@@ -144,6 +117,44 @@ def _bind_head_rows(binding: ort.IOBinding, spec: GraphSpec, plan: RowPlan, gree
                                np.array([plan.head_start if greedy_head else _NO_ROWS], np.int64))
     elif spec.head_row_start_name:
         binding.bind_cpu_input(spec.head_row_start_name, np.array([plan.head_start], np.int64))
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """How one call binds its outputs: bind(name, rows, device) binds output `name` [sequences, rows, width] and
+    returns what reads it back after the run; empty(name) binds an output the call leaves without rows."""
+
+    bind: Callable[[str, int, str], Callable[[], np.ndarray]]
+    empty: Callable[[str], object]
+
+
+@dataclass(frozen=True)
+class _Result:
+    """What one call of ModelSession._run returns."""
+
+    logits: np.ndarray  # [the plan's returned rows, vocab_limit]
+    states: np.ndarray | None  # [new tokens, features] float32: their hidden states, where asked for
+    greedy_rows: tuple[np.ndarray, np.ndarray] | None  # with the 8-bit head: the heads' input rows, its logits
+    seconds: float  # the graph's run alone
+
+
+def _bind_feed(binding: ort.IOBinding, spec: GraphSpec, plan: RowPlan, greedy_head: bool, long_call: bool,
+               bind: Callable[[ort.IOBinding, str, np.ndarray], None]) -> None:
+    """Bind `plan`'s tokens, positions and lengths and the rows the graph keeps. `bind` binds ids, positions and
+    seqlens (a single call: into the request's own device tensors, cache.inputs); the row counts and total
+    length stay host inputs: kernels read them as shapes on the CPU."""
+    bind(binding, spec.input_ids_name, plan.ids)
+    if spec.position_ids_name:
+        bind(binding, spec.position_ids_name, plan.positions)
+    if spec.kv_buffer == "shared":
+        # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
+        bind(binding, spec.seqlens_name, plan.seqlens)
+        binding.bind_cpu_input(spec.total_length_name, np.array(plan.total_length, dtype=np.int32))
+    if plan.row_tokens is not None:
+        binding.bind_cpu_input(spec.row_tokens_name, plan.row_tokens)
+    _bind_head_rows(binding, spec, plan, greedy_head)
+    if spec.long_call_name:
+        binding.bind_cpu_input(spec.long_call_name, _LONG_CALL[long_call])
 
 
 class ModelSession:
@@ -244,52 +255,42 @@ class ModelSession:
         if hidden and not self.ragged_hidden:
             raise GenerationError("this artifact's ragged-rows graph has no hidden-state output for the draft "
                                   "head: run `specdec distill` again")
-        counts = np.array([len(r) for r in rows], dtype=np.int64)
-        lengths = np.asarray(past_lengths, dtype=np.int64)
         if len(rows) != spec.ragged_rows or any(c is not None and not r for c, r in zip(caches, rows)):
             raise ValueError(f"the ragged graph takes {spec.ragged_rows} rows, each request's with a token at least")
         for cache, row in zip(caches, rows):
             if cache is not None:
                 cache.reserve(cache.length + len(row) + spec.attention_pad_rows)
-        total = int(counts.sum())
-        head = self.greedy_head if greedy and reads_greedy_head(spec, total) else None
-        io = call.io
-        io.bind_cpu_input(spec.input_ids_name, np.concatenate([np.asarray(r, np.int64) for r in rows])[None, :])
-        if spec.position_ids_name:
-            positions = np.concatenate([np.arange(past, past + n) for past, n in zip(lengths, counts)])
-            io.bind_cpu_input(spec.position_ids_name, positions[None, :].astype(np.int64))
-        io.bind_cpu_input(spec.seqlens_name, (lengths + counts - 1).astype(np.int32))
-        # Never equal to a row's own count while it has a past: the op would read the call as a prompt. An
-        # empty row's attention gets one throwaway token (the graph adds it).
-        io.bind_cpu_input(spec.total_length_name, np.array((lengths + np.maximum(counts, 1)).max(), dtype=np.int32))
-        io.bind_cpu_input(spec.row_tokens_name, counts)
-        _bind_head_rows(io, spec, RowPlan(0, total, total, 0, slice(0, total), slice(0, total)), head is not None)
-        if spec.long_call_name:
-            io.bind_cpu_input(spec.long_call_name, _LONG_CALL[False])
-        if head:
-            self._bind_ragged_output(io, spec.logits_name, 0, spec.vocab_size)
-            head_input = self._bind_ragged_output(io, spec.greedy_head["input_name"], total, head.weights.shape[1])
-            approx = self._bind_ragged_output(io, spec.greedy_head["approx_name"], total, spec.vocab_size)
-        else:
-            logits_rows = self._bind_ragged_output(io, spec.logits_name, total, spec.vocab_size)
-            if spec.greedy_head and self.greedy_head:  # the binding outlives the call: every output gets its shape
-                self._bind_ragged_output(io, spec.greedy_head["input_name"], total, self.greedy_head.weights.shape[1])
-                self._bind_ragged_output(io, spec.greedy_head["approx_name"], 0, spec.vocab_size)
-        features = None
-        if self.ragged_hidden:  # the binding outlives the call: every output gets its shape
-            features = self._bind_ragged_output(io, spec.hidden_name, total, self._hidden_width())
-        self.ragged_session().run_with_iobinding(io)
-        if head:
-            logits_rows = head.logits(head_input, np.ascontiguousarray(approx[:, : self.vocab_limit]))
-        logits, states, start = [], [], 0
+        plan = ragged_rows(rows, past_lengths)
+        head = self._head(greedy, plan)
+        outputs = self._ragged_outputs(call.io)
+        # The binding outlives the call: every output gets its shape (the hidden one whenever the graph has it).
+        if not head and spec.greedy_head and self.greedy_head:
+            outputs.bind(spec.greedy_head["input_name"], plan.head_rows, "cpu")
+            outputs.empty(spec.greedy_head["approx_name"])
+        result = self._run(self.ragged_session(), call, plan, head, outputs, states=self.ragged_hidden)
+        ends = np.cumsum([len(r) for r in rows])[:-1]
         for cache, row in zip(caches, rows):
-            logits.append(np.array(logits_rows[start:start + len(row), : self.vocab_limit]))
-            if features is not None:
-                states.append(np.array(features[start:start + len(row)], dtype=np.float32))
-            start += len(row)
             if cache is not None:
                 cache.append(cache.tensors, row)
-        return (logits, states) if hidden else logits
+        logits = np.split(result.logits, ends)
+        return (logits, np.split(result.states, ends)) if hidden else logits
+
+    def _ragged_outputs(self, io: ort.IOBinding) -> _Outputs:
+        """Return how a ragged-rows call binds its outputs: into host buffers kept for every call's shape."""
+        spec = self.spec
+
+        def width(name: str) -> int:
+            if name == spec.hidden_name:
+                return self._hidden_width()
+            if spec.greedy_head and name == spec.greedy_head["input_name"]:
+                return self.greedy_head.weights.shape[1]
+            return spec.vocab_size
+
+        def bind(name: str, rows: int, device: str) -> Callable[[], np.ndarray]:
+            buffer = self._bind_ragged_output(io, name, rows, width(name))  # from any device: onnxruntime copies
+            return lambda: buffer[None]
+
+        return _Outputs(bind, lambda name: self._bind_ragged_output(io, name, 0, width(name)))
 
     def _bind_ragged_output(self, io: ort.IOBinding, name: str, rows: int, width: int) -> np.ndarray:
         """Bind output `name` [1, rows, width] to the first rows of one host buffer of the graph's output type,
@@ -372,6 +373,26 @@ class ModelSession:
         calls over more than its MAX_ROWS rows read the fp32 head, unless the graph scores tokens alike in
         calls of every length.
         """
+        rows = self._checked_rows(cache, token_ids, logits_rows, hidden)
+        plan = single_rows(self._graph_rows(), token_ids, cache.length, rows, hidden)
+        head = self._head(greedy, plan)
+        call = self._cache_binding(cache, plan, hidden, head is not None)
+        if self.spec.attention_mask_name:  # a host input, like the row counts
+            call.io.bind_cpu_input(self.spec.attention_mask_name, np.ones((1, plan.total_length), dtype=np.int64))
+        result = self._run(self.session, call, plan, head, self._plain_outputs(call), hidden,
+                           plan.n_fed > self.long_call_rows, cache.inputs.bind)
+        cache.count_call(result.seconds)
+        if head:
+            # Kept on the request's own cache, never on the shared session: another request's call may run now.
+            cache.last_greedy_rows = result.greedy_rows
+        if self.shared_kv:
+            cache.append(cache.tensors, token_ids)
+        else:
+            cache.append(call.io.get_outputs()[:len(self._present_names)], token_ids)  # bound first
+        return (result.logits, result.states) if hidden else result.logits
+
+    def _checked_rows(self, cache: KVCache, token_ids: list[int], logits_rows: int | None, hidden: bool) -> int:
+        """Return the logits rows a forward call wants; raise where the call cannot run."""
         n_new = len(token_ids)
         past = cache.length
         if n_new == 0:
@@ -380,74 +401,30 @@ class ModelSession:
         if not 1 <= rows <= n_new:
             raise ValueError(f"logits_rows must be 1..{n_new} for a call over {n_new} tokens, got {logits_rows}")
         if past + n_new > self.spec.max_positions:
-            raise GenerationError(
-                f"sequence of {past + n_new} tokens exceeds the model's {self.spec.max_positions} positions"
-            )
-        spec = self.spec
-        if hidden and not spec.hidden_name:
+            raise GenerationError(f"sequence of {past + n_new} tokens exceeds the model's "
+                                  f"{self.spec.max_positions} positions")
+        if hidden and not self.spec.hidden_name:
             raise GenerationError("this artifact's target graph has no hidden-state output: "
                                   "run `specdec distill` on it first")
-        plan = plan_rows(spec, past, n_new, rows, hidden)
-        fed = list(token_ids) + [token_ids[-1]] * plan.pad
-        n_fed, out_rows, head_start = plan.n_fed, plan.out_rows, plan.head_start
-        head = self.greedy_head if greedy and reads_greedy_head(spec, rows) else None
-        if self.shared_kv:
-            cache.reserve(past + n_fed + spec.attention_pad_rows)  # the graph writes its pad rows there too
-            call = cache.bindings.get((hidden, head is not None))
-            if call is None:
-                call = cache.bindings[(hidden, head is not None)] = CallBinding(self.session.io_binding())
-            call.bind_cache(self._past_names, self._present_names, cache.tensors)
-        else:  # a concat graph returns new present tensors every call: nothing to keep bound
+        return rows
+
+    def _cache_binding(self, cache: KVCache, plan: RowPlan, hidden: bool, greedy_head: bool) -> CallBinding:
+        """Return the binding of a call on `cache` with its KV tensors bound: kept on the cache per kind of call
+        for a shared buffer (reserved first: it may grow), a new one for a concat graph (it returns new present
+        tensors every call: nothing to keep bound)."""
+        if not self.shared_kv:
             call = CallBinding(self.session.io_binding())
             for name, value in zip(self._past_names, cache.tensors):
                 call.io.bind_ortvalue_input(name, value)
             for name in self._present_names:
                 call.output_allocated(name, self.device)
-        binding = call.io
-        # ids, positions and seqlens go into the request's own device tensors (cache.inputs); the
-        # mask, rows and total length stay host inputs: kernels read them as shapes on the CPU.
-        cache.inputs.bind(binding, spec.input_ids_name, np.asarray([fed], dtype=np.int64))
-        if spec.attention_mask_name:
-            binding.bind_cpu_input(spec.attention_mask_name, np.ones((1, past + n_fed), dtype=np.int64))
-        if spec.position_ids_name:
-            positions = np.arange(past, past + n_fed, dtype=np.int64)[None, :]
-            cache.inputs.bind(binding, spec.position_ids_name, positions)
-        _bind_head_rows(binding, spec, plan, head is not None)
-        if self.shared_kv:
-            # The op attends over positions 0..seqlens_k; what lies beyond (rolled-back drafts) is ignored.
-            cache.inputs.bind(binding, spec.seqlens_name, np.array([past + n_fed - 1], dtype=np.int32))
-            binding.bind_cpu_input(spec.total_length_name, np.array(past + n_fed, dtype=np.int32))
-        if spec.long_call_name:
-            binding.bind_cpu_input(spec.long_call_name, _LONG_CALL[n_fed > self.long_call_rows])
-        if head:
-            logits_value = call.output_allocated(spec.logits_name, self.device)  # 0 rows
-            head_value = self._output(call, spec.greedy_head["input_name"], out_rows, "cpu")
-            approx_value = self._output(call, spec.greedy_head["approx_name"], out_rows - head_start, "cpu")
-        else:
-            logits_value = self._output(call, spec.logits_name, out_rows - head_start, self.device)
-        hidden_value = self._output(call, spec.hidden_name, n_fed, "cpu") if hidden else None
-        start = time.perf_counter()
-        self.session.run_with_iobinding(binding)
-        cache.count_call(time.perf_counter() - start)
-        # Copies: the output buffers are written again by the next call of this cache.
-        kept, kept_by_head = plan.kept, plan.kept_by_head
-        if head:
-            # Kept on the request's own cache, never on the shared session: another request's call may run now.
-            head_input = self._fetched(call, spec.greedy_head["input_name"], head_value)
-            approx = self._fetched(call, spec.greedy_head["approx_name"], approx_value)
-            cache.last_greedy_rows = (np.array(head_input[0, kept]),
-                                      np.array(approx[0, kept_by_head, : self.vocab_limit]))
-            logits = head.logits(*cache.last_greedy_rows)
-        else:
-            logits = np.array(self._fetched(call, spec.logits_name, logits_value)
-                              [0, kept_by_head, : self.vocab_limit])
-        states = (np.array(self._fetched(call, spec.hidden_name, hidden_value)[0, :n_new], dtype=np.float32)
-                  if hidden else None)
-        if self.shared_kv:
-            cache.append(cache.tensors, token_ids)
-        else:
-            cache.append(binding.get_outputs()[:len(self._present_names)], token_ids)  # bound first
-        return (logits, states) if hidden else logits
+            return call
+        cache.reserve(plan.total_length + self.spec.attention_pad_rows)  # the graph writes its pad rows there too
+        call = cache.bindings.get((hidden, greedy_head))
+        if call is None:
+            call = cache.bindings[(hidden, greedy_head)] = CallBinding(self.session.io_binding())
+        call.bind_cache(self._past_names, self._present_names, cache.tensors)
+        return call
 
     def forward_batch(self, binding_for: Callable[[bool], CallBinding], caches: list[KVCache | None],
                       tokens: list[int], parked_lengths: list[int], capacity: int, greedy: bool) -> np.ndarray:
@@ -459,39 +436,63 @@ class ModelSession:
         row attends over its own length (seqlens_k per row), so its logits are those of a batch-1 step
         over the same cache. A sequence must stay below `capacity` positions.
         """
-        spec = self.spec
-        batch = len(caches)
-        plan = plan_rows(spec, 0, 1, 1, hidden=False)  # the same rows for every sequence: one token, one logit row
-        head = self.greedy_head if greedy and reads_greedy_head(spec, batch) else None
         lengths = np.array([parked if c is None else c.length for c, parked in zip(caches, parked_lengths)],
                            dtype=np.int64)
         if any(c is not None and c.length >= capacity for c in caches):
             raise GenerationError(f"a sequence reached its slot's {capacity} positions")
+        plan = batch_rows(self._graph_rows(), tokens, lengths)
+        head = self._head(greedy, plan)
         call = binding_for(head is not None)
-        binding = call.io
-        binding.bind_cpu_input(spec.input_ids_name, np.asarray(tokens, dtype=np.int64)[:, None])
-        if spec.position_ids_name:
-            binding.bind_cpu_input(spec.position_ids_name, lengths[:, None])
-        binding.bind_cpu_input(spec.seqlens_name, lengths.astype(np.int32))  # past + 1 new - 1
-        binding.bind_cpu_input(spec.total_length_name, np.array(lengths.max() + 1, dtype=np.int32))
-        _bind_head_rows(binding, spec, plan, head is not None)
-        if spec.long_call_name:
-            binding.bind_cpu_input(spec.long_call_name, _LONG_CALL[False])
-        if head:
-            call.output_allocated(spec.logits_name, self.device)  # 0 rows
-            head_value = self._output(call, spec.greedy_head["input_name"], 1, "cpu", batch)
-            approx_value = self._output(call, spec.greedy_head["approx_name"], 1, "cpu", batch)
-        else:
-            logits_value = self._output(call, spec.logits_name, 1, self.device, batch)
-        self.session.run_with_iobinding(binding)
-        if head:
-            hidden_rows = np.array(self._fetched(call, spec.greedy_head["input_name"], head_value)[:, 0])
-            approx_rows = self._fetched(call, spec.greedy_head["approx_name"], approx_value)
-            approx = np.array(approx_rows[:, 0, : self.vocab_limit])
-            logits = head.logits(hidden_rows, approx)
-        else:
-            logits = np.array(self._fetched(call, spec.logits_name, logits_value)[:, 0, : self.vocab_limit])
+        logits = self._run(self.session, call, plan, head, self._plain_outputs(call, len(caches))).logits
         for cache, token in zip(caches, tokens):
             if cache is not None:
                 cache.append(cache.tensors, [token])
         return logits
+
+    def _graph_rows(self) -> GraphRows:
+        """Return what this graph's inputs make of a call's rows (read each call: callers may swap the spec)."""
+        spec = self.spec
+        return GraphRows(spec.max_positions, spec.min_rows, keeps_rows=bool(spec.logits_rows_name),
+                         head_row_start=bool(spec.greedy_head or spec.head_row_start_name))
+
+    def _head(self, greedy: bool, plan: RowPlan) -> GreedyHead | None:
+        """Return the 8-bit LM head a call of `plan` reads (greedy, and short enough), else None: the fp32 head."""
+        return self.greedy_head if greedy and reads_greedy_head(self.spec, plan.returned) else None
+
+    def _plain_outputs(self, call: CallBinding, batch: int = 1) -> _Outputs:
+        """Return how a call of the plain graph binds its outputs: kept buffers for steps and verify calls."""
+        def bind(name: str, rows: int, device: str) -> Callable[[], np.ndarray]:
+            bound = self._output(call, name, rows, device, batch)
+            return lambda: self._fetched(call, name, bound)
+
+        return _Outputs(bind, lambda name: call.output_allocated(name, self.device))
+
+    def _run(self, session: ort.InferenceSession, call: CallBinding, plan: RowPlan, head: GreedyHead | None,
+             outputs: _Outputs, states: bool = False, long_call: bool = False,
+             bind: Callable[[ort.IOBinding, str, np.ndarray], None] = ort.IOBinding.bind_cpu_input) -> _Result:
+        """Bind `plan`'s call in `call` (its KV already bound; outputs through `outputs`) and run `session` once;
+        return the logits rows the plan names (with `head`: the 8-bit LM head's, the fp32 logit of every token
+        that may be its row's argmax, -inf elsewhere) and with `states` the hidden states of the fed tokens."""
+        spec = self.spec
+        _bind_feed(call.io, spec, plan, head is not None, long_call, bind)
+        if head:
+            outputs.empty(spec.logits_name)  # the fp32 head reads no row
+            read_input = outputs.bind(spec.greedy_head["input_name"], plan.head_start + plan.head_rows, "cpu")
+            read_logits = outputs.bind(spec.greedy_head["approx_name"], plan.head_rows, "cpu")
+        else:
+            read_logits = outputs.bind(spec.logits_name, plan.head_rows, self.device)
+        read_states = outputs.bind(spec.hidden_name, plan.n_fed, "cpu") if states else None
+        start = time.perf_counter()
+        session.run_with_iobinding(call.io)
+        seconds = time.perf_counter() - start
+        # Copies (fancy indexing): the output buffers are written again by the binding's next call.
+        sequences, rows = plan.logits_at
+        greedy_rows = None
+        if head:
+            greedy_rows = (np.ascontiguousarray(read_input()[sequences, rows + plan.head_start]),
+                           np.ascontiguousarray(read_logits()[sequences, rows, : self.vocab_limit]))
+            logits = head.logits(*greedy_rows)
+        else:
+            logits = np.ascontiguousarray(read_logits()[sequences, rows, : self.vocab_limit])
+        hidden = read_states()[plan.states_at].astype(np.float32, copy=False) if states else None
+        return _Result(logits, hidden, greedy_rows, seconds)

@@ -38,15 +38,22 @@ class TextCodec:
         """Return whether the tokenizer carries a chat template (else only plain prompts can be encoded)."""
         return self._template is not None
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """Return the prompt text for chat `messages`, ending where the assistant's reply starts."""
+    @property
+    def knows_tools(self) -> bool:
+        """Return whether the chat template renders `tools` (and tool calls) itself."""
+        return self.spec.chat_template is not None and "tools" in self.spec.chat_template
+
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Return the prompt text for chat `messages` (and `tools`, for a template that renders them), ending where
+        the assistant's reply starts."""
         if self._template is None:
             raise GenerationError("this artifact's tokenizer has no chat template; drop --chat")
         special = {}
         for name, token_id in (("bos_token", self.spec.bos_token_id),
                                ("eos_token", (self.spec.eos_token_ids or [None])[0])):
             special[name] = self.tokenizer.id_to_token(token_id) if token_id is not None else ""
-        return self._template.render(messages=messages, add_generation_prompt=True, **special)
+        return self._template.render(messages=messages, add_generation_prompt=True, **special,
+                                     **({"tools": tools} if tools else {}))
 
     def decode_stream(self) -> "StreamingDecoder":
         """Return a fresh incremental decoder for one generation."""
