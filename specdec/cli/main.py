@@ -218,6 +218,18 @@ def _logit_bias_callback(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int
     return tuple(pairs)
 
 
+def _json_schema(path: Path | None):
+    """Return the GrammarSpec of a JSON-schema file (None: no file); a file that is not JSON is a usage error."""
+    if path is None:
+        return None
+    from specdec.runtime.grammar import GrammarSpec
+
+    try:
+        return GrammarSpec.of("json_schema", json.loads(path.read_text(encoding="utf-8")))
+    except ValueError as err:
+        raise click.BadParameter(f"'{path}' is not JSON: {err}") from None
+
+
 def _logprob_entries(engine, iteration) -> list[dict]:
     """Return one {token, id, logprob, top} entry per committed token of an iteration that carries logprobs."""
     lp, decode = iteration.logprobs, lambda token: engine.codec.decode([int(token)])
@@ -246,6 +258,10 @@ def _logprob_entries(engine, iteration) -> list[dict]:
               callback=lambda ctx, param, path: path.read_text(encoding="utf-8") if path else None, metavar="FILE",
               help="A file holding the text the answer is expected to be (an edit's original): drafts are copied "
                    "from it, and verified like any draft, so the output is the same with or without it.")
+@click.option("--json-schema", "grammar", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              callback=lambda ctx, param, path: _json_schema(path), metavar="FILE",
+              help="Constrain the answer to JSON valid under the JSON schema in FILE (structured outputs; drafts are "
+                   "masked like the target's rows, and the keys and braces the schema forces are drafted for free).")
 @click.option("--stop-token-id", "stop_token_ids", type=click.IntRange(min=0), multiple=True, metavar="ID",
               help="End the answer after this token, as after EOS (repeatable).")
 @config_option("seed", int, "Random seed: same seed, same output.")

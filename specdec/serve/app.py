@@ -26,7 +26,8 @@ from specdec.serve.config import ServeConfig
 from specdec.serve.generation import Generation
 from specdec.serve.guard import BodyTooLarge, RequestGuard, is_loopback
 from specdec.serve.metrics import ServerMetrics
-from specdec.serve import logprobs_format, protocol
+from specdec.runtime.grammar import GrammarError
+from specdec.serve import logprobs_format, protocol, structured
 from specdec.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("specdec.serve")
@@ -236,8 +237,8 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         raw = await request.body()
-        body, ids = await asyncio.to_thread(_chat_input, _ready(state), raw)
-        return await _complete(state, request, body, ids, chat=True, param="messages")
+        body, ids, plan = await asyncio.to_thread(_chat_input, _ready(state), raw)
+        return await _complete(state, request, body, ids, chat=True, param="messages", tools=plan)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -248,20 +249,23 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
     return app
 
 
-def _chat_input(engine: Engine, raw: bytes) -> tuple[ChatCompletionRequest, list[int]]:
-    """Return the parsed chat request and its prompt ids (chat template applied); raise APIError for bad input."""
+def _chat_input(engine: Engine, raw: bytes) -> tuple[ChatCompletionRequest, list[int], structured.ToolPlan | None]:
+    """Return the parsed chat request, its prompt ids (chat template applied, tools rendered) and its ToolPlan;
+    raise APIError for bad input."""
     body = _parse(ChatCompletionRequest, _json(raw))
     if not engine.codec.has_chat_template:
         raise APIError(400, "this model's tokenizer has no chat template: send plain prompts to /v1/completions",
                        param="messages", code="no_chat_template")
     if len(body.messages) > protocol.MAX_MESSAGES:  # before templating and tokenising them all
         raise APIError(400, f"at most {protocol.MAX_MESSAGES} messages per request", param="messages")
-    messages = protocol.chat_messages(body)
+    plan = structured.tool_plan(body)
+    knows_tools = engine.codec.knows_tools
+    messages = structured.chat_messages_with_tools(protocol.chat_messages(body), plan, knows_tools)
     try:
-        text = engine.codec.chat_prompt(messages)
+        text = engine.codec.chat_prompt(messages, [t.as_openai() for t in plan.tools] if plan and knows_tools else None)
     except SpecdecError as err:
         raise APIError(400, str(err), param="messages") from None
-    return body, engine.codec.encode(text, add_special_tokens=False)
+    return body, engine.codec.encode(text, add_special_tokens=False), plan
 
 
 def _completion_input(engine: Engine, raw: bytes) -> tuple[CompletionRequest, list[int]]:
@@ -327,7 +331,8 @@ def _ready(state: ServerState) -> Engine:
     return state.engine
 
 
-def _generation_config(state: ServerState, body: Any, ids: list[int], param: str, chat: bool) -> GenerationConfig:
+def _generation_config(state: ServerState, body: Any, ids: list[int], param: str, chat: bool,
+                       tools: structured.ToolPlan | None = None) -> GenerationConfig:
     engine, config = state.engine, state.config
     assert engine is not None
     prompt_length = len(ids)
@@ -368,23 +373,43 @@ def _generation_config(state: ServerState, body: Any, ids: list[int], param: str
         frequency_penalty=body.frequency_penalty or 0.0,
         logprobs=body.alternatives(chat),
         prediction=body.prediction.text() or None if body.prediction is not None else None,
+        grammar=_grammar(body, tools),
     )
     try:
-        engine.checked_prompt(ids, generation)  # settings, and token ids against the vocabulary
+        engine.checked_prompt(ids, generation)  # settings, grammar, and token ids against the vocabulary
+    except GrammarError as err:
+        raise APIError(400, str(err), param=_grammar_field(body) if tools is None or not tools.constrained
+                       else "tools") from None
     except SpecdecError as err:
         raise APIError(400, str(err)) from None
     return generation
 
 
+def _grammar(body: Any, tools: structured.ToolPlan | None):
+    """Return the GrammarSpec of a request: its output format's, or its required tool call's (never both)."""
+    asked = structured.grammar_of(body)
+    calls = tools.grammar() if tools is not None else None
+    if asked is not None and calls is not None:
+        raise APIError(400, "a required tool call and an output format cannot both constrain the answer",
+                       param="response_format")
+    return asked or calls
+
+
+def _grammar_field(body: Any) -> str:
+    """Return the name of the field that asked for the request's grammar (for a 400's param)."""
+    fields = ("response_format", "structured_outputs", *structured.GUIDED)
+    return next((field for field in fields if getattr(body, field, None) is not None), "response_format")
+
+
 async def _complete(state: ServerState, request: Request, body: Any, ids: list[int], chat: bool,
-                    param: str) -> Response:
+                    param: str, tools: structured.ToolPlan | None = None) -> Response:
     arrival = time.perf_counter()
     config = state.config
     if body.model is not None and body.model != config.served_model_name:
         raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
                             f"'{config.served_model_name}'", type="not_found_error", param="model",
                        code="model_not_found")
-    generation_config = _generation_config(state, body, ids, param, chat)
+    generation_config = _generation_config(state, body, ids, param, chat, tools)
     deadline = arrival + config.request_timeout
     metrics, model = state.metrics, config.served_model_name
     run: _Run | None = None
@@ -418,7 +443,7 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
     want_stats = body.specdec_stats if body.specdec_stats is not None else config.stats_in_response
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _StreamResponse(_sse(run, chat, include_usage, want_stats), run.close, config.write_timeout,
+        return _StreamResponse(_sse(run, chat, include_usage, want_stats, tools), run.close, config.write_timeout,
                                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     watcher = asyncio.create_task(_watch_disconnect(request, run))
     try:
@@ -428,10 +453,12 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
         run.close("disconnect")
     text = result.text
     extra = {"specdec": _stats(result)} if want_stats else None
+    calls = structured.parse_calls(text, tools) if tools is not None else None
+    finish = "tool_calls" if calls else protocol.FINISH_REASONS.get(result.finish_reason, "stop")
     return JSONResponse(protocol.completion_response(
-        chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, text,
-        protocol.FINISH_REASONS.get(result.finish_reason, "stop"), run.usage(result), extra,
-        run.choice_logprobs(run.logprob_entries[:len(result.token_ids)], chat)))
+        chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, text, finish, run.usage(result), extra,
+        run.choice_logprobs(run.logprob_entries[:len(result.token_ids)], chat),
+        [call.as_openai() for call in calls] if calls else None))
 
 
 class ClientGone(Exception):
@@ -615,7 +642,8 @@ def _stats(result: GenerationResult) -> dict[str, Any]:
     return data
 
 
-def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool) -> AsyncIterator[str]:
+def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool,
+         tools: structured.ToolPlan | None = None) -> AsyncIterator[str]:
     async def stream() -> AsyncIterator[str]:
         id_ = protocol.new_id("chatcmpl" if chat else "cmpl")
         created, model = int(time.time()), run.model
@@ -624,9 +652,18 @@ def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool) -> AsyncI
         usage = None
         pending: list[logprobs_format.TokenEntry] = []  # logprobs ride the next text chunk
         sent = 0  # logprob entries sent so far
+        # Text that may turn out to be tool calls is held back: all of it under a required call, under "auto"
+        # until its first characters say it is text.
+        held, holding = "", tools is not None
         try:
             async for kind, value in run.events():
                 if kind == "piece":
+                    if holding:
+                        held += value
+                        holding = tools.constrained or structured.may_be_calls(held)
+                        if holding:
+                            continue
+                        value, held = held, ""
                     yield _data(protocol.chunk(chat, id_, created, model, text=value,
                                                logprobs=run.choice_logprobs(pending, chat)))
                     sent, pending = sent + len(pending), []
@@ -641,9 +678,16 @@ def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool) -> AsyncI
                 usage = run.usage(result)
                 extra = {"specdec": _stats(result)} if want_stats else None
                 pending = pending[:max(len(result.token_ids) - sent, 0)]  # none past a stop string
-                yield _data(protocol.chunk(chat, id_, created, model,
-                                           finish=protocol.FINISH_REASONS.get(result.finish_reason, "stop"),
-                                           extra=extra, logprobs=run.choice_logprobs(pending, chat) if pending else None))
+                logprobs = run.choice_logprobs(pending, chat) if pending else None
+                calls = structured.parse_calls(result.text, tools) if holding else None
+                if calls:  # one delta with every call whole: what the openai client's stream assembler reads
+                    yield _data(protocol.chunk(chat, id_, created, model, logprobs=logprobs,
+                                               tool_calls=[call.as_openai(i) for i, call in enumerate(calls)]))
+                elif held:
+                    yield _data(protocol.chunk(chat, id_, created, model, text=held, logprobs=logprobs))
+                finish = "tool_calls" if calls else protocol.FINISH_REASONS.get(result.finish_reason, "stop")
+                yield _data(protocol.chunk(chat, id_, created, model, finish=finish, extra=extra,
+                                           logprobs=None if calls or held else logprobs))
         except APIError as err:  # the status line is gone: the error travels as an event, as vLLM does
             yield _data(err.body())
             yield "data: [DONE]\n\n"

@@ -22,7 +22,7 @@ MAX_LOGIT_BIAS = 300  # logit_bias entries per request
 MAX_STOP_TOKEN_IDS = 64
 # OpenAI fields that change nothing a text-only, single-server model does: accepted and ignored
 # (docs/SERVE.md lists them).
-IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key",
                   "safety_identifier", "reasoning_effort", "verbosity")
 
 
@@ -74,6 +74,8 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: StrictStr
     content: Union[StrictStr, list[TextPart], None] = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None  # a tool result's call
 
 
 class _Common(BaseModel):
@@ -108,8 +110,9 @@ class _Common(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     response_format: Any = None
-    tools: Any = None
+    tools: Any = None  # checked by specdec/serve/structured.py (tool_plan)
     tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
     functions: Any = None
     function_call: Any = None
     echo: StrictBool | None = None
@@ -133,10 +136,6 @@ class _Common(BaseModel):
         checks = [
             ("n", self.n not in (None, 1), "only n=1 is supported"),
             ("best_of", self.best_of not in (None, 1), "only best_of=1 is supported"),
-            ("response_format", _format_type(self.response_format) not in (None, "text"),
-             "only response_format {\"type\": \"text\"} is supported"),
-            ("tools", bool(self.tools), "tools are not supported"),
-            ("tool_choice", self.tool_choice not in (None, "none", "auto"), "tool_choice is not supported"),
             ("functions", bool(self.functions), "functions are not supported"),
             ("function_call", self.function_call not in (None, "none", "auto"), "function_call is not supported"),
             ("echo", bool(self.echo), "echo is not supported"),
@@ -147,8 +146,7 @@ class _Common(BaseModel):
             ("ignore_eos", bool(self.ignore_eos), "ignore_eos is not supported"),
             ("min_tokens", self.min_tokens not in (None, 0), "min_tokens is not supported"),
             ("use_beam_search", bool(self.use_beam_search), "beam search is not supported"),
-        ] + [(name, getattr(self, name) is not None, "guided decoding is not supported")
-             for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")]
+        ]
         return next(((field, reason) for field, bad, reason in checks if bad), None)
 
     def alternatives(self, chat: bool) -> int | None:
@@ -189,10 +187,6 @@ class _Common(BaseModel):
         return tuple(s for s in stops if s)
 
 
-def _format_type(value: Any) -> str | None:
-    return value.get("type") if isinstance(value, dict) else (None if value is None else str(value))
-
-
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage]
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)  # OpenAI's newer name for max_tokens
@@ -202,11 +196,12 @@ class CompletionRequest(_Common):
     prompt: Union[StrictStr, list[StrictStr], list[StrictInt]]
 
 
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
-def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
-    """Return the messages as {role, content} strings for the chat template; raise APIError for what it cannot take."""
+def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Return the messages as {role, content} strings (an assistant's tool_calls and a tool result's tool_call_id
+    kept) for the chat template; raise APIError for what it cannot take."""
     if not request.messages:
         raise APIError(400, "messages must not be empty", param="messages")
     out = []
@@ -220,7 +215,16 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
                 raise APIError(400, f"messages[{i}].content: only text parts are supported",
                                param=f"messages[{i}].content")
             content = "".join(part.text or "" for part in content)
-        out.append({"role": message.role, "content": content or ""})
+        entry: dict[str, Any] = {"role": message.role, "content": content or ""}
+        if message.tool_calls and message.role == "assistant":
+            if not all(isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+                       for c in message.tool_calls):
+                raise APIError(400, f"messages[{i}].tool_calls: each needs a function with a name",
+                               param=f"messages[{i}].tool_calls")
+            entry["tool_calls"] = message.tool_calls
+        if message.role == "tool":
+            entry["tool_call_id"] = message.tool_call_id or ""
+        out.append(entry)
     return out
 
 
@@ -248,11 +252,14 @@ def usage(prompt_tokens: int, completion_tokens: int,
 
 
 def completion_response(chat: bool, id: str, model: str, text: str, finish: str, usage_: dict[str, Any],
-                        extra: dict[str, Any] | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Return a non-streamed chat.completion or text_completion body (`logprobs`: the choice's, OpenAI's shape)."""
+                        extra: dict[str, Any] | None = None, logprobs: dict[str, Any] | None = None,
+                        tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Return a non-streamed chat.completion or text_completion body (`logprobs`: the choice's, OpenAI's shape;
+    `tool_calls`: the calls the answer makes, which replace its text)."""
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                  "finish_reason": finish}
+        message = ({"role": "assistant", "content": None, "tool_calls": tool_calls} if tool_calls
+                   else {"role": "assistant", "content": text})
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
     else:
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
     body = {"id": id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
@@ -262,14 +269,17 @@ def completion_response(chat: bool, id: str, model: str, text: str, finish: str,
 
 def chunk(chat: bool, id: str, created: int, model: str, text: str | None = None, finish: str | None = None,
           role: bool = False, usage_: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
-          logprobs: dict[str, Any] | None = None) -> dict:
-    """Return one streamed chunk; with `usage_` and no text/finish it is the usage-only last chunk."""
-    if usage_ is not None and text is None and finish is None:
+          logprobs: dict[str, Any] | None = None, tool_calls: list[dict[str, Any]] | None = None) -> dict:
+    """Return one streamed chunk; with `usage_` and no text/finish it is the usage-only last chunk; `tool_calls`
+    (each with its index) go in the delta."""
+    if usage_ is not None and text is None and finish is None and tool_calls is None:
         choices: list[dict] = []
     elif chat:
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
     else:
         choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]

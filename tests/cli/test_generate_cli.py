@@ -161,3 +161,21 @@ def test_logprobs_and_a_prediction_file_reach_the_json_output(tiny_artifacts, tm
     assert set(body["prediction_tokens"]) == {"accepted", "rejected"}
     missing = _run("generate", tiny_artifacts["llama"], "hi", "--prediction", str(tmp_path / "nope.txt"))
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def test_json_schema_constrains_the_answer_and_a_bad_file_is_one_line(tiny_artifacts, tmp_path):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema), encoding="utf-8")
+    result = _run("generate", tiny_artifacts["llama"], "one two three", "--json-schema", str(path), "--json",
+                  "--max-new-tokens", "20")
+    assert result.exit_code == 0, result.output
+    value = json.loads(json.loads(result.stdout)["text"])
+    assert set(value) == {"n"} and 0 <= value["n"] <= 99
+    path.write_text("{nope", encoding="utf-8")
+    bad = _run("generate", tiny_artifacts["llama"], "hi", "--json-schema", str(path))
+    assert bad.exit_code == 2 and "is not JSON" in bad.output and "Traceback" not in bad.output
+    path.write_text('{"type": "no-such-type"}', encoding="utf-8")
+    unsupported = _run("generate", tiny_artifacts["llama"], "hi", "--json-schema", str(path))
+    assert unsupported.exit_code == 1 and "json_schema" in unsupported.output and "Traceback" not in unsupported.output
