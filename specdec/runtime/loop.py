@@ -81,6 +81,7 @@ class Iteration:
     target_seconds: float = 0.0  # this target call; for the prefill, prompt in to first token out
     draft_step_seconds: float | None = None  # the drafter's mean 1-token call so far (None: no model)
     logprobs: TokenLogprobs | None = None  # of `committed`, from the target's rows (DecodeRequest.logprobs)
+    mask_seconds: float = 0.0  # the grammar's masks and matcher moves for this iteration (structured outputs)
 
     @property
     def acceptance_tests(self) -> int:
@@ -119,6 +120,7 @@ class DecodeState:
     draft_seconds: float = 0.0  # drafting since the last target call
     grammar: GrammarState | None = None  # what the output must match (structured outputs); None: free text
     forced: list[int] = field(default_factory=list)  # the tokens the grammar forces next, as `plan` found them
+    mask_seconds: float = 0.0  # grammar work since the last target call
 
     def __post_init__(self):
         if self.drafter is not None and self.policy is None:
@@ -224,7 +226,9 @@ def constrain(states: list[DecodeState], proposals: list[Proposal]) -> list[Prop
     constrained = [i for i, state in enumerate(states) if state.grammar is not None]
     if not constrained:
         return proposals
+    start = time.perf_counter()
     masks = allowed_many([states[i].grammar for i in constrained], [proposals[i].tokens for i in constrained])
+    share = (time.perf_counter() - start) / len(constrained)
     out = list(proposals)
     for i, (n, mask) in zip(constrained, masks):
         proposal = proposals[i]
@@ -233,6 +237,7 @@ def constrain(states: list[DecodeState], proposals: list[Proposal]) -> list[Prop
             raise GenerationError(f"a sampled draft broke the grammar at {proposal.tokens[n]} (draft {n}): the "
                                   "drafter must sample under its mask")
         out[i] = Proposal(proposal.tokens[:n], None if proposal.probs is None else proposal.probs[:n], mask)
+        states[i].mask_seconds += share
     return out
 
 
@@ -263,7 +268,9 @@ def commit(state: DecodeState, cache: KVCache, situation: str | None, proposal: 
         logprobs=logprobs), request.eos_token_ids)
     state.generated += len(iteration.committed)
     if state.grammar is not None:  # the matcher moves over what was kept; the rejected drafts never entered it
-        state.grammar.advance(iteration.committed)
+        state.mask_seconds += _timed(state.grammar.advance, iteration.committed)
+        iteration = replace(iteration, mask_seconds=state.mask_seconds)
+        state.mask_seconds = 0.0
     state.iteration = _finish(iteration, request, state.context, state.generated)
     if state.drafting:
         state.policy.observe(state.iteration)

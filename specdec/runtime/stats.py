@@ -56,6 +56,7 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     target_seconds: float = 0.0  # decode-phase target calls (verification), excluding the prefill
     draft_seconds: float = 0.0
+    mask_seconds: float = 0.0  # building grammar masks and moving the matcher (structured outputs)
     rollback_seconds: float = 0.0
     session_run_seconds: float = 0.0  # inside onnxruntime's run, both models, prefill included
     total_seconds: float = 0.0
@@ -155,6 +156,7 @@ class GenerationStats:
         self.draft_lengths[drafted] = self.draft_lengths.get(drafted, 0) + 1
         self.accepted += iteration.num_accepted
         self.acceptance_tests += iteration.acceptance_tests
+        self.mask_seconds += iteration.mask_seconds
         self.bonus_tokens += int(iteration.is_bonus)
         if iteration.situation is not None:
             counts = self.by_situation.setdefault(

@@ -144,3 +144,10 @@ def test_greedy_constrained_text_under_8_clients_equals_each_prompts_own(engine)
     for result in results:
         _valid(result.text)
     assert sum(r.stats.by_situation.get(FORCED, {}).get("accepted", 0) for r in results) > 0
+
+
+def test_mask_time_is_counted_per_iteration_and_only_under_a_grammar(engine):
+    constrained = engine.generate("Hello", GenerationConfig(max_new_tokens=30, grammar=SCHEMA, drafter="ngram"))
+    free = engine.generate("Hello", GenerationConfig(max_new_tokens=30, drafter="ngram"))
+    assert 0 < constrained.stats.mask_seconds < constrained.stats.total_seconds
+    assert free.stats.mask_seconds == 0.0
