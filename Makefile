@@ -9,7 +9,7 @@ EXPORT_FLAGS ?= --greedy-head
 # A grounded prompt: the answer copies from the prompt, which is where prompt-lookup drafting shines.
 PROMPT ?= Rewrite this in simpler words, keeping every fact: The committee approved the budget on Tuesday after a long debate. The new budget increases funding for public libraries by ten percent and for school buses by five percent, and it cuts spending on road repairs.
 
-.PHONY: install test test-fast demo bench bench-quick bench-heldout bench-bound bench-serve anchors-genai anchors-serve device-kit distill phrases mutants clean
+.PHONY: install test test-fast demo bench bench-quick bench-heldout bench-bound bench-serve bench-structured bench-structured-quick anchors-genai anchors-serve device-kit distill phrases mutants clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -164,3 +164,16 @@ bench-serve: $(STAMP) $(ARTIFACT)/specdec.json anchors-serve
 	$(BIN)/python tools/bench_serve.py --artifact $(ARTIFACT) --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
 		--llama-server $(LLAMA_SERVER) --vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --threads 2 \
 		--prefix-cache --requests 48 --rounds 3
+
+# Structured outputs, tool calls and predicted edits (specdec/data/structured-heldout.jsonl): specdec target-only
+# against speculation with the same grammar, beside llama-server (--jinja) and vLLM CPU, all at 2 threads, 1/4/8
+# streaming clients, alternating rounds; writes benchmarks/STRUCTURED.md and .png (and benchmarks/out/structured/).
+bench-structured: $(STAMP) $(ARTIFACT)/specdec.json anchors-serve
+	$(BIN)/python -m specdec.benchmarks.structured_bench $(ARTIFACT) --clients 1,4,8 --requests 16 --rounds 2 \
+		--threads 2 --llama-server $(LLAMA_SERVER) --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
+		--vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --results benchmarks/STRUCTURED.md
+
+# The same without the anchors (no second venv, no build): specdec target-only against speculation.
+bench-structured-quick: $(STAMP) $(ARTIFACT)/specdec.json
+	$(BIN)/python -m specdec.benchmarks.structured_bench $(ARTIFACT) --clients 1,4,8 --requests 16 --rounds 2 \
+		--threads 2 --output benchmarks/out/structured-quick

@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from specdec.runtime.prompts import PromptCase
 
@@ -33,6 +33,27 @@ class Record:
     chunk_times: list[float] = field(default_factory=list)  # seconds from sending to each chunk with text
     # completion tokens so far reported with each text chunk (vLLM's continuous_usage_stats); empty if not
     chunk_tokens: list[int] = field(default_factory=list)
+    tool_calls: list[dict] = field(default_factory=list)  # the streamed delta.tool_calls, merged per index
+    finish_reason: str | None = None
+    prediction_tokens: tuple[int, int] | None = None  # usage's (accepted, rejected) prediction tokens, if given
+    stats: dict = field(default_factory=dict)  # the response's "specdec" object (specdec_stats), as sent
+
+
+def merge_tool_call_deltas(calls: list[dict], deltas: Sequence[dict]) -> None:
+    """Fold one chunk's `delta.tool_calls` into `calls` (OpenAI's streamed shape: the first delta of a call
+    carries its index, id and name; later ones append pieces of `function.arguments`).
+
+    E.g. [] + [{"index": 0, "function": {"name": "f", "arguments": "{\"a\""}}] + [{"index": 0, "function":
+    {"arguments": ": 1}"}}] -> [{"id": None, "name": "f", "arguments": "{\"a\": 1}"}].
+    """
+    for delta in deltas:
+        index = delta.get("index", len(calls))
+        while len(calls) <= index:
+            calls.append({"id": None, "name": "", "arguments": ""})
+        function = delta.get("function") or {}
+        calls[index]["id"] = delta.get("id") or calls[index]["id"]
+        calls[index]["name"] += function.get("name") or ""
+        calls[index]["arguments"] += function.get("arguments") or ""
 
 
 def parse_sse_line(line: str) -> dict | None:
@@ -43,10 +64,13 @@ def parse_sse_line(line: str) -> dict | None:
 
 
 async def one_request(client, url: str, model: str | None, case: PromptCase, drafter: str,
-                      max_tokens: int, num_draft_tokens: str | None, plain: bool = False) -> Record:
-    """Send one greedy streamed chat completion and time each text chunk; never raises (errors are recorded).
+                      max_tokens: int, num_draft_tokens: str | None, plain: bool = False,
+                      extra: Mapping[str, Any] | None = None) -> Record:
+    """Send one greedy streamed chat completion and time each chunk of text or tool-call arguments; never
+    raises (errors are recorded).
 
     `plain`: a server that is not specdec (llama-server, vLLM): only OpenAI's own fields are sent.
+    `extra`: fields added to the body (response_format, tools, prediction, ...), as given.
     """
     # continuous_usage_stats: vLLM then reports the running token count with every chunk, so a chunk of
     # several tokens counts as several gaps (serve_load_stats.inter_token_latencies); others ignore it
@@ -57,6 +81,7 @@ async def one_request(client, url: str, model: str | None, case: PromptCase, dra
         body.update(drafter=drafter, specdec_stats=True)
     if model:
         body["model"] = model
+    body.update(extra or {})
     if num_draft_tokens is not None and not plain:
         body["num_draft_tokens"] = num_draft_tokens if num_draft_tokens == "auto" else int(num_draft_tokens)
     record = Record(case.id, ok=False)
@@ -80,15 +105,26 @@ async def one_request(client, url: str, model: str | None, case: PromptCase, dra
                     record.error = str(event["error"].get("message"))
                     return record
                 text = "".join(choice.get("delta", {}).get("content") or "" for choice in event.get("choices", []))
-                if text:
+                calls = [call for choice in event.get("choices", []) for call in choice.get("delta", {}).get(
+                    "tool_calls") or []]
+                merge_tool_call_deltas(record.tool_calls, calls)
+                # a tool call's text is its arguments: their chunks time the answer as content chunks do
+                if text or any((call.get("function") or {}).get("arguments") for call in calls):
                     record.chunk_times.append(now)
                     pieces.append(text)
                     if (event.get("usage") or {}).get("completion_tokens") is not None:
                         record.chunk_tokens.append(event["usage"]["completion_tokens"])
+                for choice in event.get("choices", []):
+                    record.finish_reason = choice.get("finish_reason") or record.finish_reason
                 if event.get("usage"):
                     record.tokens = event["usage"]["completion_tokens"]
+                    details = event["usage"].get("completion_tokens_details") or {}
+                    if "accepted_prediction_tokens" in details:
+                        record.prediction_tokens = (details["accepted_prediction_tokens"],
+                                                    details.get("rejected_prediction_tokens", 0))
                 stats = event.get("specdec")
                 if stats:
+                    record.stats = stats
                     record.target_calls = stats.get("target_calls", 0)
                     record.drafted = stats.get("drafted", 0)
                     record.accepted = stats.get("accepted", 0)
@@ -112,17 +148,20 @@ def _client(connections: int | None):
 
 
 async def run_round(url: str, model: str | None, cases: Sequence[PromptCase], drafter: str, concurrency: int,
-                    requests: int, offset: int, max_tokens: int, num_draft_tokens: str | None, plain: bool = False
-                    ) -> tuple[list[Record], float]:
-    """Run `requests` requests with `concurrency` closed-loop clients; return the records and the wall time."""
+                    requests: int, offset: int, max_tokens: int, num_draft_tokens: str | None, plain: bool = False,
+                    extras: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[list[Record], float]:
+    """Run `requests` requests with `concurrency` closed-loop clients; return the records and the wall time.
+
+    `extras`: body fields per case id, added to that case's requests (one_request's `extra`)."""
     queue = list(range(offset, offset + requests))
     records: list[Record] = []
     async with _client(concurrency) as client:
         async def worker() -> None:
             while queue:
                 index = queue.pop(0)
-                records.append(await one_request(client, url, model, cases[index % len(cases)], drafter,
-                                                 max_tokens, num_draft_tokens, plain))
+                case = cases[index % len(cases)]
+                records.append(await one_request(client, url, model, case, drafter, max_tokens, num_draft_tokens,
+                                                 plain, (extras or {}).get(case.id)))
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
