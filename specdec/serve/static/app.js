@@ -21,6 +21,40 @@ function settings(overrides) {
   return Object.assign(body, overrides || {});
 }
 
+// The OpenAI fields of the second row: output format, tools, prediction, logprobs. Throws (naming the
+// textarea) where a JSON box does not parse, so nothing is sent.
+function fields() {
+  const body = {}, format = $("format").value, choice = $("tool_choice").value;
+  if (format === "json_object") body.response_format = {type: "json_object"};
+  if (format === "json_schema") {
+    body.response_format = {type: "json_schema", json_schema: {name: "page", schema: parsed("schema"), strict: true}};
+  }
+  if (choice !== "none") Object.assign(body, {tools: parsed("tools"), tool_choice: choice,
+                                              parallel_tool_calls: $("parallel").checked});
+  if ($("predict").checked && $("prediction").value) body.prediction = {type: "content", content: $("prediction").value};
+  if ($("logprobs").checked) Object.assign(body, {logprobs: true, top_logprobs: 3});
+  return body;
+}
+
+// The JSON in textarea `id`, which is marked (and the error thrown) when it does not parse.
+function parsed(id) {
+  try {
+    const value = JSON.parse($(id).value);
+    $(id).classList.remove("invalid");
+    return value;
+  } catch (err) {
+    $(id).classList.add("invalid");
+    throw new Error(`the ${id} box is not JSON: ${err.message}`);
+  }
+}
+
+// Show each textarea only while its setting asks for it.
+function showSpecs() {
+  const on = {json_schema: $("format").value === "json_schema", tools: $("tool_choice").value !== "none",
+              predict: $("predict").checked};
+  for (const el of document.querySelectorAll("[data-for]")) el.hidden = !on[el.dataset.for];
+}
+
 function showError(text) { $("error").textContent = text; }
 
 // POST `body`; call onEvent(parsed SSE object) per event; resolve with {ttft, seconds} or throw.
@@ -67,6 +101,26 @@ function addTurn(role, text) {
   return div;
 }
 
+// Replace the answer's tokens by a box per call: the function's name and its arguments, pretty-printed.
+function showCalls(answer, calls) {
+  answer.textContent = "";
+  for (const call of calls) {
+    const box = document.createElement("div"), name = document.createElement("div"), args = document.createElement("pre");
+    box.className = "call"; name.className = "name"; args.className = "arguments";
+    name.textContent = call.function.name;
+    try { args.textContent = JSON.stringify(JSON.parse(call.function.arguments), null, 2); }
+    catch (e) { args.textContent = call.function.arguments; }  // shown as sent
+    box.append(name, args);
+    answer.appendChild(box);
+  }
+}
+
+// A token's logprob and its alternatives, for its title.
+function logprobTitle(entry) {
+  const top = (entry.top_logprobs || []).map((t) => `${JSON.stringify(t.token)} ${t.logprob.toFixed(3)}`);
+  return `logprob ${entry.logprob.toFixed(3)}` + (top.length ? `\ntop: ${top.join(", ")}` : "");
+}
+
 function plotK(iterations) {
   const svg = $("kplot"), width = 320, height = 60;
   svg.innerHTML = "";
@@ -83,31 +137,47 @@ function plotK(iterations) {
   });
 }
 
-function figures(prefix, timing, stats, tokens) {
+function figures(prefix, timing, stats, tokens, usage) {
   const put = (id, text) => { $(prefix + id).textContent = text; };
   put("tps", stats && stats.decode_tokens_per_second ? stats.decode_tokens_per_second.toFixed(1)
                                                       : (tokens / timing.seconds).toFixed(1));
   put("ttft", timing.ttft === null ? "-" : (timing.ttft * 1000).toFixed(0) + " ms");
   put("alpha", stats && stats.drafted > 0 ? stats.acceptance_rate.toFixed(2) : "-");  // nothing drafted: none
   put("tpc", stats && stats.tokens_per_target_call ? stats.tokens_per_target_call.toFixed(2) : "-");
+  const details = usage && usage.completion_tokens_details;  // present where a prediction was sent
+  put("pred", details ? `${details.accepted_prediction_tokens} / ${details.rejected_prediction_tokens}` : "-");
 }
 
 async function send() {
   const text = $("prompt").value.trim();
   if (!text) return;
   showError("");
+  let extra;
+  try { extra = fields(); } catch (err) { showError(err.message); $("status").textContent = "not sent"; return; }
   $("prompt").value = "";
-  conversation.push({role: "user", content: text});
-  addTurn("user", text);
+  const last = conversation[conversation.length - 1];
+  // After a tool call, the next message is that call's result (the first call's, where there were several).
+  const turn = last && last.tool_calls ? {role: "tool", tool_call_id: last.tool_calls[0].id, content: text}
+                                       : {role: "user", content: text};
+  conversation.push(turn);
+  addTurn(turn.role, text);
   const answer = addTurn("assistant");
   answer.id = "answer-" + conversation.length;
-  const body = settings();
+  const body = settings(extra);
   lastBody = body; lastPrompt = text;
-  const iterations = [];
-  let stats = null, count = 0, content = "";
+  const iterations = [], spans = [], entries = [], calls = [];
+  let stats = null, usage = null, count = 0, content = "", labelled = 0;
+  // the i-th logprob entry is the i-th committed token's: a span gets its title once both have come
+  const label = () => {
+    for (; labelled < Math.min(spans.length, entries.length); labelled++) spans[labelled].title = logprobTitle(entries[labelled]);
+  };
   $("status").textContent = "generating";
   try {
     const timing = await stream(body, (event) => {
+      const choice = event.choices && event.choices[0];
+      if (choice && choice.delta && choice.delta.tool_calls) calls.push(...choice.delta.tool_calls);
+      if (choice && choice.logprobs && choice.logprobs.content) entries.push(...choice.logprobs.content);
+      if (event.usage) usage = event.usage;
       if (event.specdec_tokens) {
         const it = event.specdec_tokens;
         let accepted = 0;
@@ -116,6 +186,7 @@ async function send() {
           span.dataset.kind = token.kind;
           span.textContent = token.text;
           answer.appendChild(span);
+          spans.push(span);
           content += token.text;
           count += 1;
           if (token.kind === "accepted") accepted += 1;
@@ -129,14 +200,23 @@ async function send() {
         if (!it.prefill) iterations.push({drafted: it.drafted, accepted});
         plotK(iterations);
       }
+      label();
       if (event.specdec) stats = event.specdec;
     });
-    conversation.push({role: "assistant", content});
-    figures("", timing, stats, count);
+    if (calls.length) {
+      showCalls(answer, calls);
+      conversation.push({role: "assistant", content: null, tool_calls: calls.map(({index, ...call}) => call)});
+    } else {
+      conversation.push({role: "assistant", content});
+    }
+    figures("", timing, stats, count, usage);
     for (const id of ["compare", "curl", "python"]) $(id).disabled = false;
     $("status").textContent = "done";
   } catch (err) {
-    conversation.pop();
+    conversation.pop();  // the turn leaves the chat, its text goes back to the box to send again
+    answer.previousSibling.remove();
+    answer.remove();
+    $("prompt").value = text;
     showError(err.message);
     $("status").textContent = "failed";
   }
@@ -146,13 +226,14 @@ async function compare() {
   if (!lastBody) return;
   showError("");
   $("status").textContent = "comparing";
-  let stats = null, count = 0;
+  let stats = null, usage = null, count = 0;
   try {
     const timing = await stream(Object.assign({}, lastBody, {drafter: "none"}), (event) => {
       if (event.specdec_tokens) count += event.specdec_tokens.tokens.length;
       if (event.specdec) stats = event.specdec;
+      if (event.usage) usage = event.usage;
     });
-    figures("cmp_", timing, stats, count);
+    figures("cmp_", timing, stats, count, usage);
     $("status").textContent = "compared";
   } catch (err) {
     showError(err.message);
@@ -166,14 +247,16 @@ function snippet(kind) {
   delete body.specdec_tokens;
   const url = location.origin + "/v1/chat/completions";
   const auth = key() ? " -H 'Authorization: Bearer $SPECDEC_API_KEY'" : "";
+  // Python gets the body as JSON (true/null and all), specdec's own fields moved to extra_body
   const text = kind === "curl"
     ? `curl -sN ${url} -H 'Content-Type: application/json'${auth} -d '${JSON.stringify(body).replace(/'/g, "'\\''")}'`
-    : `import openai\nclient = openai.OpenAI(base_url="${location.origin}/v1", api_key="${key() ? "$SPECDEC_API_KEY" : "unused"}")\n` +
-      `extra = ${JSON.stringify({drafter: body.drafter, num_draft_tokens: body.num_draft_tokens ?? null})}\n` +
-      `for chunk in client.chat.completions.create(model="${$("model").textContent || "default"}", ` +
-      `messages=${JSON.stringify(body.messages)}, max_tokens=${body.max_tokens}, temperature=${body.temperature}, ` +
-      `top_p=${body.top_p}, seed=${body.seed}, stream=True, extra_body=extra):\n` +
-      `    print(chunk.choices[0].delta.content or "", end="", flush=True)`;
+    : `import json, openai\nclient = openai.OpenAI(base_url="${location.origin}/v1", api_key="${key() ? "$SPECDEC_API_KEY" : "unused"}")\n` +
+      `body = json.loads(r"""${JSON.stringify(body)}""")\n` +
+      `extra = {k: body.pop(k) for k in ("drafter", "num_draft_tokens", "specdec_stats") if k in body}\n` +
+      `for chunk in client.chat.completions.create(model="${$("model").textContent || "default"}", **body, extra_body=extra):\n` +
+      `    if chunk.choices:\n` +
+      `        delta = chunk.choices[0].delta\n` +
+      `        print(delta.content or delta.tool_calls or "", end="", flush=True)`;
   $("snippet").textContent = text;
   if (navigator.clipboard) navigator.clipboard.writeText(text).catch(() => {});
 }
@@ -186,6 +269,9 @@ $("compare").addEventListener("click", compare);
 $("curl").addEventListener("click", () => snippet("curl"));
 $("python").addEventListener("click", () => snippet("python"));
 $("clear").addEventListener("click", () => { conversation.length = 0; $("conversation").innerHTML = ""; });
+for (const id of ["format", "tool_choice", "predict"]) $(id).addEventListener("change", showSpecs);
+for (const id of ["schema", "tools"]) $(id).addEventListener("input", () => { try { parsed(id); } catch (e) { /* marked */ } });
+showSpecs();
 $("show_rejected").addEventListener("change", (e) => document.body.classList.toggle("show-rejected", e.target.checked));
 $("keysave").addEventListener("click", () => {
   sessionStorage.setItem("specdec-key", $("key").value);
