@@ -43,6 +43,12 @@ EAGLE = "tests/distill/test_eagle_runtime.py"
 PHRASES = "tests/runtime/test_phrases.py"
 CALL_COSTS = "tests/runtime/test_call_costs.py"
 DRAFT_LENGTH = "tests/runtime/test_draft_length.py"
+STRUCTURED = "tests/runtime/test_structured.py"
+GREEDY_GRAMMAR = (STRUCTURED + "::test_greedy_constrained_text_is_the_same_with_every_drafter_and_validates"
+                  "[The quick brown fox]")
+SAMPLED_GRAMMAR = STRUCTURED + "::test_sampled_constrained_speculation_has_the_masked_target_distribution[model-spec0]"
+PREDICTION = "tests/runtime/test_prediction.py"
+LOGPROBS = "tests/runtime/test_logprobs.py"
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,32 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("auto: the loop's own timings ignored when it makes no 1-token calls", "specdec/runtime/call_costs.py",
            "if one_token is None and trusted:", "if False:",
            (CALL_COSTS + "::test_a_drafter_that_always_drafts_still_times_its_calls",)),
+    Mutant("grammar mask applied to p only: the draft model samples q without it", "specdec/runtime/drafters.py",
+           "            mask = grammar_row(self.grammar, tokens)\n", "            mask = None\n",
+           (SAMPLED_GRAMMAR,)),
+    Mutant("grammar matcher not rolled back after a rejection (advanced over every draft)", "specdec/runtime/loop.py",
+           "_timed(state.grammar.advance, iteration.committed)",
+           "_timed(state.grammar.advance, drafts + iteration.committed[iteration.num_accepted:])",
+           (GREEDY_GRAMMAR,)),
+    Mutant("grammar-forced drafts verified without the mask (the target can reject them)", "specdec/runtime/loop.py",
+           "None if proposal.probs is None else proposal.probs[:n], mask)",
+           "None if proposal.probs is None else proposal.probs[:n], None if states[i].forced else mask)",
+           (GREEDY_GRAMMAR,)),
+    Mutant("prediction drafts accepted without the target's test", "specdec/runtime/loop.py",
+           "    verdict = _verify(state.context, proposal, logits, request.sampling, state.rng)  # 3. accept\n",
+           "    verdict = _verify(state.context, proposal, logits, request.sampling, state.rng)  # 3. accept\n"
+           "    if situation == \"prediction\":\n"
+           "        verdict = Verdict(len(drafts), next_token(logits[len(drafts)], request.sampling, state.rng,\n"
+           "                                                 state.context + drafts), bool(drafts))\n",
+           (PREDICTION + "::test_greedy_output_is_the_same_with_any_prediction_and_counts_follow_openai",)),
+    Mutant("logprobs of an accepted draft read from q instead of p", "specdec/runtime/loop.py",
+           "    logprobs = _logprobs(request, logits, committed, state.context, drafts, proposal.mask)\n",
+           "    logprobs = _logprobs(request, logits, committed, state.context, drafts, proposal.mask)\n"
+           "    if logprobs is not None and verdict.num_accepted:\n"
+           "        q = proposal.probs if proposal.probs is not None else np.eye(logits.shape[1])[drafts]\n"
+           "        k = verdict.num_accepted\n"
+           "        logprobs.chosen[:k] = np.log(q[np.arange(k), drafts[:k]])\n",
+           (LOGPROBS + "::test_logprobs_agree_with_and_without_drafts[tiny_self_draft_artifact-model-settings0]",)),
 )
 
 
