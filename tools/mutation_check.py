@@ -79,8 +79,9 @@ MUTANTS: tuple[Mutant, ...] = (
            " self.rng)",
            (SAMPLED_MODEL, SAMPLED_MODEL_TOP_P)),
     Mutant("top-k/top-p on q but not on p (verify keeps temperature only)", "specdec/runtime/loop.py",
-           "    target_probs = process_logits(logits, sampling, seen)",
-           "    target_probs = process_logits(logits, SamplingConfig(temperature=sampling.temperature), seen)",
+           "    target_probs = process_logits(logits, sampling, seen, proposal.mask)",
+           "    target_probs = process_logits(logits, SamplingConfig(temperature=sampling.temperature), seen,"
+           " proposal.mask)",
            (SAMPLED_NGRAM, SAMPLED_MODEL)),
     Mutant("bonus token from the residual", "specdec/runtime/acceptance.py",
            "    return Verdict(k, sample_token(target_probs[k], rng), is_bonus=k > 0)",

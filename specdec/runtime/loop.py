@@ -259,7 +259,9 @@ def commit(state: DecodeState, cache: KVCache, situation: str | None, proposal: 
     past_length = len(state.context) - 1
     cache.rollback(len(state.context) + verdict.num_accepted)
     state.context.extend(committed)
-    if drafts or state.hidden:  # a feature drafter needs the committed rows after plain steps too
+    # every step: a feature drafter needs the committed rows after plain steps too, and a draft model whose
+    # drafts a grammar cut to none still holds them in its cache
+    if state.drafting:
         state.drafter.accept(state.context, state.states[: verdict.num_accepted + 1] if state.hidden else None)
     iteration = _cut_at_eos(Iteration(  # 5. commit
         drafts, verdict.num_accepted, committed, verdict.is_bonus, None, situation,

@@ -97,7 +97,7 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     # specdec's knobs (extra_body in the openai client)
     num_draft_tokens: Union[StrictInt, Literal["auto"], None] = None  # K
-    drafter: Literal["auto", "model", "ngram", "none"] | None = None
+    drafter: Literal["auto", "model", "ngram", "none", "eagle", "ngram+model", "ngram+eagle"] | None = None
     specdec_stats: StrictBool | None = None  # include this request's speculative stats
     specdec_tokens: StrictBool | None = None  # stream each token's text and how it came (the page at /)
     # OpenAI fields specdec refuses unless they hold their neutral value (see unsupported())
