@@ -124,13 +124,8 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     if steps:
         _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider, threads, results, as_json)
         return
-    from specdec.data import PROMPT_SET_VERSION, PROMPTS_FILE
-    from specdec.runtime.diagnostics import top2_logit_gap
-    from specdec.benchmarks.report import anchor_rows, markdown_report, target_vs_genai_rows
-    from specdec.benchmarks.replay import CostModel
-    from specdec.benchmarks.runner import (BASELINE, call_costs_of_runs, configurations, group_summary, replay_rows,
-                                      rollback_cost, run_bench, situation_rows, summarize)
-    from specdec.models.manifest import sha256_of_file
+    from specdec.benchmarks.runner import configurations, group_summary, replay_rows, situation_rows, summarize
+    from specdec.data import PROMPTS_FILE
     from specdec.runtime.config import DEFAULT_DRAFT_TOKENS
     from specdec.runtime.engine import Engine
     from specdec.runtime.prompts import load_prompts
@@ -141,9 +136,37 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
     k = num_draft_tokens or int(engine.manifest.runtime_defaults.num_draft_tokens or DEFAULT_DRAFT_TOKENS)
     configs = configurations(engine, k)
     prompt_ids = {case.id: engine.prompt_ids(case.prompt, case.chat) for case in prompts}
-    runs, anchor_runs = [], []
     from specdec.benchmarks.genai_anchor import session_options
     genai_options = session_options(threads)
+    runs, anchor_runs, paired = _interleaved_runs(engine, prompts, prompt_ids, configs, max_new_tokens, repeats,
+                                                  genai_python, genai_model, genai_options, progress)
+    ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
+    cost = _cost_model(runs, ngram_fixed)
+    rows = summarize(runs, cost)
+    groups = group_summary(rows)
+    replays = replay_rows(runs, prompt_ids, rows, cost, sorted({k, 2 * k}), ngram_fixed)
+    situations = situation_rows(runs)
+    head_to_head = _head_to_head(runs, anchor_runs, prompts, prompt_ids, paired)
+    if anchors:  # PyTorch is slow here: one repeat
+        anchor_runs += _transformers_runs(engine, prompt_ids, max_new_tokens, sorted(engine.eos_token_ids), threads,
+                                          progress)
+    anchor_table = _anchor_table(engine, runs, anchor_runs, rows, prompts, prompt_ids, ngram_fixed,
+                                 max_new_tokens) if anchor_runs else []
+    meta = _meta(engine, artifact, prompt_path, len(prompts), max_new_tokens, repeats, cost,
+                 _settings(engine, threads, genai_options if genai_python else None, anchors))
+    document = {"meta": meta, "groups": groups, "rows": rows, "replay": replays, "situations": situations,
+                "anchors": anchor_table, "target_vs_genai": head_to_head,
+                "anchor_runs": [{**a.__dict__, "tokens_per_second": a.tokens_per_second} for a in anchor_runs]}
+    _write_bench(document, output, results, no_plot, as_json, progress)
+
+
+def _interleaved_runs(engine, prompts, prompt_ids: dict[str, list[int]], configs, max_new_tokens: int, repeats: int,
+                      genai_python, genai_model, genai_options: dict, progress) -> tuple[list, list, dict]:
+    """Return (specdec's runs, onnxruntime-genai's anchor runs, the paired prefills): with --genai-python the
+    two take turns prompt by prompt, and genai's anchor runs and pairs are empty without it."""
+    from specdec.benchmarks.runner import run_bench
+
+    runs, anchor_runs = [], []
     # specdec and onnxruntime-genai take turns prompt by prompt, so both see the same machine state
     # (turns a whole repeat long let a burst of other load fall on one side only); genai's worker
     # lives through the whole run, so each side is timed while the other holds its model.
@@ -165,45 +188,66 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
                     anchor_runs += genai.run({case.id: prompt_ids[case.id]}, max_new_tokens,
                                              prefill_samples=GENAI_PREFILL_SAMPLES)
         paired = _paired_prefills(engine, genai, prompt_ids, PAIRED_PREFILL_ROUNDS, progress) if genai else {}
-    ngram_fixed = next(c.name for c in configs if c.drafter == "ngram" and c.num_draft_tokens != "auto")
+    return runs, anchor_runs, paired
+
+
+def _cost_model(runs: list, ngram_fixed: str):
+    """Return the CostModel of the target calls the runs made (verify cost, rollback cost, t(n) per call length)."""
+    from specdec.benchmarks.replay import CostModel
+    from specdec.benchmarks.runner import BASELINE, call_costs_of_runs, rollback_cost
+
     # What a call over n tokens costs, from the speculative runs' own target calls (1-token
     # calls where nothing matched, up to K+1 where something did; auto's reach further), each
     # against the target-only step at the same past length: no separate probe.
     spec_runs = [r for r in runs if r.config.name != BASELINE]
     call_costs, verify_cost, one_token_seconds = call_costs_of_runs(
         spec_runs, [r for r in runs if r.config.name == BASELINE])
-    cost = CostModel(verify_cost, rollback_cost([r for r in runs if r.config.name == ngram_fixed], one_token_seconds),
+    return CostModel(verify_cost, rollback_cost([r for r in runs if r.config.name == ngram_fixed], one_token_seconds),
                      call_costs)
-    rows = summarize(runs, cost)
-    groups = group_summary(rows)
-    replays = replay_rows(runs, prompt_ids, rows, cost, sorted({k, 2 * k}), ngram_fixed)
-    situations = situation_rows(runs)
 
-    anchor_table: list[dict] = []
-    head_to_head = target_vs_genai_rows(
+
+def _head_to_head(runs: list, anchor_runs: list, prompts, prompt_ids: dict[str, list[int]], paired: dict) -> list:
+    """Return the report's target-only specdec vs onnxruntime-genai rows (decode speed and prefill per prompt)."""
+    from specdec.benchmarks.report import target_vs_genai_rows
+    from specdec.benchmarks.runner import BASELINE
+
+    return target_vs_genai_rows(
         {case.id: [(r.stats.decode_tokens_per_second, r.stats.prefill_seconds) for r in runs
                    if r.config.name == BASELINE and r.prompt.id == case.id] for case in prompts},
         anchor_runs, {pid: len(ids) for pid, ids in prompt_ids.items()},
         # Model drafts prefill their own model too; target-only and n-gram runs make the same target call.
         {case.id: [r.stats.prefill_seconds for r in runs if r.prompt.id == case.id and r.config.drafter in ("none", "ngram")]
          for case in prompts}, paired)
-    eos = sorted(engine.eos_token_ids)
-    if anchors:  # PyTorch is slow here: one repeat
-        anchor_runs += _transformers_runs(engine, prompt_ids, max_new_tokens, eos, threads, progress)
-    if anchor_runs:
-        baseline_ids = {r.prompt.id: r.token_ids for r in runs if r.config.name == BASELINE and r.repeat == 0}
 
-        def logit_gap(prompt_id: str, position: int) -> float:
-            """The target's top-2 logit gap at the first token where an anchor parts from specdec."""
-            return top2_logit_gap(engine, prompt_ids[prompt_id] + baseline_ids[prompt_id][:position])
 
-        anchor_table = anchor_rows(
-            anchor_runs, rows, {case.id: case.group for case in prompts}, baseline_ids,
-            {"transformers greedy": BASELINE, "transformers prompt-lookup": ngram_fixed,
-             "onnxruntime-genai greedy": BASELINE, "onnxruntime-genai ngram": ngram_fixed},
-            max_new_tokens, eos, logit_gap)
+def _anchor_table(engine, runs: list, anchor_runs: list, rows: list, prompts, prompt_ids: dict[str, list[int]],
+                  ngram_fixed: str, max_new_tokens: int) -> list[dict]:
+    """Return the report's anchor rows: each anchor's speed beside the specdec configuration it matches, and
+    where its tokens part from specdec's target-only output (with the target's top-2 logit gap there)."""
+    from specdec.benchmarks.report import anchor_rows
+    from specdec.benchmarks.runner import BASELINE
+    from specdec.runtime.diagnostics import top2_logit_gap
 
-    meta = {
+    baseline_ids = {r.prompt.id: r.token_ids for r in runs if r.config.name == BASELINE and r.repeat == 0}
+
+    def logit_gap(prompt_id: str, position: int) -> float:
+        """The target's top-2 logit gap at the first token where an anchor parts from specdec."""
+        return top2_logit_gap(engine, prompt_ids[prompt_id] + baseline_ids[prompt_id][:position])
+
+    return anchor_rows(
+        anchor_runs, rows, {case.id: case.group for case in prompts}, baseline_ids,
+        {"transformers greedy": BASELINE, "transformers prompt-lookup": ngram_fixed,
+         "onnxruntime-genai greedy": BASELINE, "onnxruntime-genai ngram": ngram_fixed},
+        max_new_tokens, sorted(engine.eos_token_ids), logit_gap)
+
+
+def _meta(engine, artifact: Path, prompt_path: Path, prompts: int, max_new_tokens: int, repeats: int, cost,
+          settings: dict[str, str]) -> dict:
+    """Return the report's header: when, where, what ran (artifact, prompt set, settings) and the call costs."""
+    from specdec.data import PROMPT_SET_VERSION, PROMPTS_FILE
+    from specdec.models.manifest import sha256_of_file
+
+    return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": _machine(),
         "command": " ".join(["specdec"] + sys.argv[1:]),
@@ -215,24 +259,29 @@ def bench(artifact, prompts_file, max_new_tokens, repeats, num_draft_tokens, anc
         "prompt_set_version": PROMPT_SET_VERSION if prompt_path == PROMPTS_FILE else None,
         "prompt_set_file": prompt_path.name,
         "prompt_set_sha256": sha256_of_file(prompt_path),
-        "prompts": len(prompts),
+        "prompts": prompts,
         "max_new_tokens": max_new_tokens,
         "repeats": repeats,
         "provider": engine.provider,
-        "verify_cost": verify_cost,
-        "call_costs": {str(n): t for n, t in call_costs.items()},
+        "verify_cost": cost.verify_cost,
+        "call_costs": {str(n): t for n, t in cost.call_costs.items()},
         "rollback_cost": cost.rollback_cost,
         "calibration_seconds": engine.calibration_seconds,
         "call_costs_source": engine.call_costs_source,
         "versions": _versions(),
-        "settings": _settings(engine, threads, genai_options if genai_python else None, anchors),
+        "settings": settings,
     }
-    document = {"meta": meta, "groups": groups, "rows": rows, "replay": replays, "situations": situations,
-                "anchors": anchor_table, "target_vs_genai": head_to_head,
-                "anchor_runs": [{**a.__dict__, "tokens_per_second": a.tokens_per_second} for a in anchor_runs]}
+
+
+def _write_bench(document: dict, output: Path, results: Path | None, no_plot: bool, as_json: bool, progress) -> None:
+    """Write bench.json, the plot (beside --results when given) and the Markdown report; echo one of them."""
+    from specdec.benchmarks.report import markdown_report
+
     output.mkdir(parents=True, exist_ok=True)
     (output / "bench.json").write_text(json.dumps(document, indent=2) + "\n")
-    markdown = markdown_report(meta, groups, rows, anchor_table, replays, situations, head_to_head)
+    rows = document["rows"]
+    markdown = markdown_report(document["meta"], document["groups"], rows, document["anchors"], document["replay"],
+                               document["situations"], document["target_vs_genai"])
     if not no_plot:
         from specdec.cli.plots import plot_bench
 

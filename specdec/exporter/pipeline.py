@@ -25,7 +25,8 @@ from specdec.models.manifest import (
     sha256_of_file,
     write_manifest,
 )
-from specdec.exporter.onnx_export import export_onnx, external_data_files, read_layout, reread_kv_dtype_and_files
+from specdec.exporter.onnx_export import (GraphLayout, export_onnx, external_data_files, read_layout,
+                                         reread_kv_dtype_and_files)
 from specdec.exporter.kv_slice import write_kv_slice_graph
 from specdec.exporter.logits_rows import LOGITS_ROWS_NAME
 from specdec.exporter.half_precision import convert_graph_to_fp16
@@ -129,83 +130,30 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+@dataclass
+class _Rewrites:
+    """What the stages after the ONNX export left in a role's folder, for its GraphSpec."""
+
+    layout: GraphLayout  # the graph's names, KV dtype and files as they are now
+    optimization: dict  # the manifest's record of every stage
+    kv_buffer: str  # shared | concat
+    inputs: set[str]  # the graph's inputs now (a rewrite may drop or add some)
+    pad_rows: int = 0  # attention pad rows (a target's only)
+    head_record: dict | None = None  # the 8-bit greedy head's record, paths relative to the artifact
+    ragged_file: str | None = None  # the ragged-rows graph, relative to the artifact
+
+
 def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportConfig,
                 progress: Progress) -> GraphSpec:
+    """Export, rewrite and hash one role's graph under `staging/role`; return its GraphSpec."""
     folder = staging / role
-    progress(f"{role}: exporting to ONNX with optimum (text-generation-with-past)")
-    from_hub = not Path(loaded.export_path).exists()
     # optimum traces fp16 only on a GPU; on the CPU the fp32 graph is converted after optimization.
     convert_to_fp16 = config.dtype == "fp16" and config.device == "cpu"
-    graph_path = export_onnx(loaded.export_path, folder / "onnx", config.opset, config.device,
-                             "fp32" if convert_to_fp16 else config.dtype, config.trust_remote_code,
-                             revision=loaded.revision if from_hub else None)
     arch = loaded.architecture
     num_layers = arch.num_layers(loaded.config)
-    layout = read_layout(graph_path, num_layers)
-    # Keep only the graph and its weights; optimum also writes configs we do not need.
-    for name in layout.files:
-        shutil.move(str(graph_path.parent / name), str(folder / name))
-    shutil.rmtree(graph_path.parent)
-    if config.optimize:
-        progress(f"{role}: optimizing the graph")
-        # Quantization packs its own MatMulNBits; packing the float weights first would leave it nothing to fuse.
-        optimization = optimize_graph(folder / layout.files[0], arch, loaded.config, config.shared_kv,
-                                      pack_projections=not config.weights).as_dict()
-    else:
-        optimization = {"applied": [], "note": "--no-optimize"}
-    kv_buffer = optimization.pop("kv_buffer", "concat")
-    shared = kv_buffer == "shared"
-    # A rewrite may drop inputs (the shared buffer drops the mask): bind only what the graph still has.
-    inputs = {i.name for i in onnx.load(str(folder / layout.files[0]), load_external_data=False).graph.input}
-    pad_attention = config.exact_steps
-    if config.weights:
-        progress(f"{role}: quantizing MatMul weights to {config.weights}")
-        level, needs_pad = target_precision(config.weights, shared)
-        pad_attention = pad_attention or needs_pad
-        optimization["quantization"] = quantize_graph(folder / layout.files[0], config.weights, level)
-    pad_rows = 0
-    if role == "target" and pad_attention:  # a draft's numbers only shape proposals: never padded
-        if shared:
-            progress(f"{role}: attention over two query rows at least (steps score like verify calls)")
-            pad_rows = ATTENTION_PAD_ROWS
-            optimization["attention_pad"] = {"layers": pad_attention_file(folder / layout.files[0]), "rows": pad_rows}
-        else:
-            progress(f"{role}: no shared KV buffer (GroupQueryAttention) here: steps keep their own attention path")
-    if (shared and config.optimize and config.long_call_attention and config.dtype == "fp32" and not config.weights
-            and not pad_attention):
-        # float32 attention only (the flash/causal choice is a float32 CPU kernel matter), and not in graphs that
-        # promise a token scores alike in calls of any length (the attention pad; int4 at level 4 turns the
-        # kernels' last-bit difference into ~0.3 in logits): one kernel there.
-        wrapped = add_long_call_attention_file(folder / layout.files[0])
-        if wrapped:
-            progress(f"{role}: a causal attention kernel for long calls (prefills), chosen per call")
-            optimization["long_call_attention"] = {"layers": wrapped, "input": LONG_CALL_NAME,
-                                                   "sha256_after": sha256_of_file(folder / layout.files[0])}
-            inputs.add(LONG_CALL_NAME)
-    head_record = None
-    if role == "target" and config.greedy_head:
-        progress(f"{role}: an 8-bit copy of the LM head for greedy calls")
-        head_record = write_greedy_head(folder / layout.files[0], folder / GREEDY_HEAD_FOLDER, layout.logits_name)
-        head_record.update({key: f"{role}/{head_record[key]}" for key in ("weights", "norms")})
-    if convert_to_fp16:
-        progress(f"{role}: converting the graph to fp16")
-        optimization["half_precision"] = convert_graph_to_fp16(folder / layout.files[0])
-        layout = reread_kv_dtype_and_files(folder / layout.files[0], layout)
-    ragged_file = None
-    # fp32, fp16 (the CUDA provider's) or int4 weights (MatMulNBits' rows are independent of the call's rows,
-    # docs/INT4.md; int8's not measured); validated bit-equal to batch-1 calls below
-    if config.batch_rows and shared and config.weights in (None, "int4"):
-        try:
-            ragged_path, layers = write_ragged_graph(folder / layout.files[0], config.batch_rows, SEQLENS_NAME)
-        except ValueError as err:
-            progress(f"{role}: no ragged-rows graph ({err}); the batch engine verifies each request alone")
-        else:
-            progress(f"{role}: a ragged-rows graph for the batch engine ({config.batch_rows} sequences per call"
-                     + (", drafts included)" if role == "target" else ")"))
-            layout = reread_kv_dtype_and_files(folder / layout.files[0], layout)  # the weights moved to a data file
-            ragged_file = f"{role}/{ragged_path.name}"
-            optimization["ragged_rows"] = {"rows": config.batch_rows, "layers": layers,
-                                           "sha256_after": sha256_of_file(folder / layout.files[0])}
+    layout = _exported_layout(role, loaded, folder, config, "fp32" if convert_to_fp16 else config.dtype, progress)
+    done = _rewrite_graph(role, loaded, folder, layout, config, convert_to_fp16, progress)
+    layout, shared, ragged_file, head_record = done.layout, done.kv_buffer == "shared", done.ragged_file, done.head_record
     kv_heads, head_dim = arch.num_kv_heads(loaded.config), arch.head_dim(loaded.config)
     files = [f"{role}/{name}" for name in layout.files]
     kv_slice_file = None  # a shared buffer rolls back by its length: nothing to crop
@@ -226,29 +174,116 @@ def _export_one(role: str, loaded: LoadedSource, staging: Path, config: ExportCo
         head_dim=head_dim,
         kv_dtype=layout.kv_dtype,
         input_ids_name=layout.input_ids_name,
-        attention_mask_name=layout.attention_mask_name if layout.attention_mask_name in inputs else None,
+        attention_mask_name=layout.attention_mask_name if layout.attention_mask_name in done.inputs else None,
         position_ids_name=layout.position_ids_name,
         past_names=layout.past_names,
         present_names=layout.present_names,
         logits_name=layout.logits_name,
         # the pad rows are written one position past the call: they need positions of their own
-        max_positions=arch.max_positions(loaded.config) - pad_rows,
+        max_positions=arch.max_positions(loaded.config) - done.pad_rows,
         vocab_size=int(loaded.config["vocab_size"]),
         weights_dtype=config.weights or config.dtype,
         source=loaded.source,
         revision=loaded.revision,
-        optimization=optimization,
-        kv_buffer=kv_buffer,
+        optimization=done.optimization,
+        kv_buffer=done.kv_buffer,
         seqlens_name=SEQLENS_NAME if shared else None,
         total_length_name=TOTAL_LENGTH_NAME if shared else None,
-        logits_rows_name=LOGITS_ROWS_NAME if LOGITS_ROWS_NAME in inputs else None,
-        attention_pad_rows=pad_rows,
+        logits_rows_name=LOGITS_ROWS_NAME if LOGITS_ROWS_NAME in done.inputs else None,
+        attention_pad_rows=done.pad_rows,
         greedy_head=head_record,
-        long_call_name=LONG_CALL_NAME if LONG_CALL_NAME in inputs else None,
+        long_call_name=LONG_CALL_NAME if LONG_CALL_NAME in done.inputs else None,
         ragged_file=ragged_file,
         ragged_rows=config.batch_rows if ragged_file else 0,
         row_tokens_name=ROW_TOKENS_NAME if ragged_file else None,
     )
+
+
+def _exported_layout(role: str, loaded: LoadedSource, folder: Path, config: ExportConfig, dtype: str,
+                     progress: Progress) -> GraphLayout:
+    """Export the source to ONNX in `dtype`, keep only the graph and its weights in `folder`; return its layout."""
+    progress(f"{role}: exporting to ONNX with optimum (text-generation-with-past)")
+    from_hub = not Path(loaded.export_path).exists()
+    graph_path = export_onnx(loaded.export_path, folder / "onnx", config.opset, config.device, dtype,
+                             config.trust_remote_code, revision=loaded.revision if from_hub else None)
+    layout = read_layout(graph_path, loaded.architecture.num_layers(loaded.config))
+    # Keep only the graph and its weights; optimum also writes configs we do not need.
+    for name in layout.files:
+        shutil.move(str(graph_path.parent / name), str(folder / name))
+    shutil.rmtree(graph_path.parent)
+    return layout
+
+
+def _rewrite_graph(role: str, loaded: LoadedSource, folder: Path, layout: GraphLayout, config: ExportConfig,
+                   convert_to_fp16: bool, progress: Progress) -> _Rewrites:
+    """Optimize, quantize, pad, wrap and convert the exported graph in `folder` as `config` asks, and add its
+    greedy head and ragged-rows graph; return what the stages did."""
+    graph = folder / layout.files[0]
+    if config.optimize:
+        progress(f"{role}: optimizing the graph")
+        # Quantization packs its own MatMulNBits; packing the float weights first would leave it nothing to fuse.
+        optimization = optimize_graph(graph, loaded.architecture, loaded.config, config.shared_kv,
+                                      pack_projections=not config.weights).as_dict()
+    else:
+        optimization = {"applied": [], "note": "--no-optimize"}
+    kv_buffer = optimization.pop("kv_buffer", "concat")
+    shared = kv_buffer == "shared"
+    # A rewrite may drop inputs (the shared buffer drops the mask): bind only what the graph still has.
+    done = _Rewrites(layout, optimization, kv_buffer,
+                     {i.name for i in onnx.load(str(graph), load_external_data=False).graph.input})
+    pad_attention = config.exact_steps
+    if config.weights:
+        progress(f"{role}: quantizing MatMul weights to {config.weights}")
+        level, needs_pad = target_precision(config.weights, shared)
+        pad_attention = pad_attention or needs_pad
+        optimization["quantization"] = quantize_graph(graph, config.weights, level)
+    if role == "target" and pad_attention:  # a draft's numbers only shape proposals: never padded
+        if shared:
+            progress(f"{role}: attention over two query rows at least (steps score like verify calls)")
+            done.pad_rows = ATTENTION_PAD_ROWS
+            optimization["attention_pad"] = {"layers": pad_attention_file(graph), "rows": done.pad_rows}
+        else:
+            progress(f"{role}: no shared KV buffer (GroupQueryAttention) here: steps keep their own attention path")
+    if (shared and config.optimize and config.long_call_attention and config.dtype == "fp32" and not config.weights
+            and not pad_attention):
+        # float32 attention only (the flash/causal choice is a float32 CPU kernel matter), and not in graphs that
+        # promise a token scores alike in calls of any length (the attention pad; int4 at level 4 turns the
+        # kernels' last-bit difference into ~0.3 in logits): one kernel there.
+        wrapped = add_long_call_attention_file(graph)
+        if wrapped:
+            progress(f"{role}: a causal attention kernel for long calls (prefills), chosen per call")
+            optimization["long_call_attention"] = {"layers": wrapped, "input": LONG_CALL_NAME,
+                                                   "sha256_after": sha256_of_file(graph)}
+            done.inputs.add(LONG_CALL_NAME)
+    if role == "target" and config.greedy_head:
+        progress(f"{role}: an 8-bit copy of the LM head for greedy calls")
+        done.head_record = write_greedy_head(graph, folder / GREEDY_HEAD_FOLDER, layout.logits_name)
+        done.head_record.update({key: f"{role}/{done.head_record[key]}" for key in ("weights", "norms")})
+    if convert_to_fp16:
+        progress(f"{role}: converting the graph to fp16")
+        optimization["half_precision"] = convert_graph_to_fp16(graph)
+        done.layout = reread_kv_dtype_and_files(graph, layout)
+    # fp32, fp16 (the CUDA provider's) or int4 weights (MatMulNBits' rows are independent of the call's rows,
+    # docs/INT4.md; int8's not measured); validated bit-equal to batch-1 calls below
+    if config.batch_rows and shared and config.weights in (None, "int4"):
+        _add_ragged_graph(role, folder, config.batch_rows, done, progress)
+    return done
+
+
+def _add_ragged_graph(role: str, folder: Path, rows: int, done: _Rewrites, progress: Progress) -> None:
+    """Write the ragged-rows graph of `folder`'s graph for `rows` sequences per call and record it in `done`;
+    where the graph cannot have one, say so and leave `done` as it is."""
+    graph = folder / done.layout.files[0]
+    try:
+        ragged_path, layers = write_ragged_graph(graph, rows, SEQLENS_NAME)
+    except ValueError as err:
+        progress(f"{role}: no ragged-rows graph ({err}); the batch engine verifies each request alone")
+        return
+    progress(f"{role}: a ragged-rows graph for the batch engine ({rows} sequences per call"
+             + (", drafts included)" if role == "target" else ")"))
+    done.layout = reread_kv_dtype_and_files(graph, done.layout)  # the weights moved to a data file
+    done.ragged_file = f"{role}/{ragged_path.name}"
+    done.optimization["ragged_rows"] = {"rows": rows, "layers": layers, "sha256_after": sha256_of_file(graph)}
 
 
 def _without_ragged_graph(spec: GraphSpec, staging: Path) -> GraphSpec:
@@ -341,17 +376,7 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
     config = check_config(config)
     with tempfile.TemporaryDirectory(prefix="specdec-export-") as scratch, \
             staged_folder(config.output, config.force) as staging:
-        work = Path(scratch)
-        progress(f"target: loading {config.target}")
-        target = load_source(config.target, work / "target", config.trust_remote_code, config.revision)
-        draft = None
-        quantized_draft = config.draft.split(":", 1)[1] if config.draft and config.draft.startswith("quantized:") \
-            else None
-        if config.draft and not quantized_draft:
-            progress(f"draft: loading {config.draft}")
-            draft = load_source(config.draft, work / "draft", config.trust_remote_code, config.revision)
-            progress("checking draft and target tokenizers match")
-            check_tokenizers_compatible(target.tokenizer, draft.tokenizer)
+        target, draft, quantized_draft = _load_sources(config, Path(scratch), progress)
         tokenizer_spec = _write_tokenizer(target, staging)
         target_spec = _export_one("target", target, staging, config, progress)
         draft_spec = _export_one("draft", draft, staging, config, progress) if draft else None
@@ -365,74 +390,13 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
                 continue
             if spec.weights_dtype in AGREEMENT_FLOOR:
                 validation[spec.role] = _validate_quantized(staging, spec, loaded, config, answers, progress)
-                continue
-            atol = config.atol if config.atol is not None else DEFAULT_ATOL[spec.weights_dtype]
-            progress(f"{spec.role}: validating ONNX against PyTorch")
-            report = validate_graph(staging, spec, loaded.model, loaded.tokenizer, atol,
-                                    min_agreement=config.min_agreement if config.min_agreement is not None
-                                    else MIN_GREEDY_AGREEMENT[spec.weights_dtype])
-            validation[spec.role] = report.as_dict()
-            progress(
-                f"{spec.role}: max |logit diff| prefill {report.max_logit_diff_prefill:.2e}, "
-                f"step {report.max_logit_diff_step:.2e} (atol {atol:g}); greedy agreement "
-                f"{report.greedy_agreement:.0%} over {report.greedy_tokens} tokens"
-                + (f"; long-call kernel {report.max_logit_diff_long_call:.2e}"
-                   if report.max_logit_diff_long_call is not None else "")
-            )
-            if not report.passed:
-                raise ExportError(
-                    f"{spec.role} graph failed validation: max logit diff "
-                    f"{max(report.max_logit_diff_prefill, report.max_logit_diff_step):.3g} vs atol {atol:g}, "
-                    f"greedy agreement {report.greedy_agreement:.0%}, "
-                    f"{report.greedy_mismatches_outside_ties} greedy mismatches outside near-ties"
-                )
+            else:
+                validation[spec.role] = _validate_float(staging, spec, loaded, config, progress)
         prompts = [target.tokenizer(p, add_special_tokens=False)["input_ids"][:32] or [0] for p in VALIDATION_PROMPTS]
-        checked = ModelSession(staging, target_spec, provider="cpu")  # one session for both checks below
-        drift = step_call_difference(checked, prompts)
-        validation["target"]["step_vs_call_max_diff"] = drift
-        progress(f"target: 1-token steps against the same tokens in one call: max |logit diff| {drift:.2e}"
-                 + (" (must be 0 with the attention pad)" if target_spec.attention_pad_rows else ""))
-        if target_spec.attention_pad_rows and drift != 0.0 and target_spec.kv_buffer == "shared":
-            # Some CPUs' MatMul kernels also round a 1-row call differently (MatMulNBits on AVX2-only
-            # CPUs): then every call gets a second, throwaway row (min_rows), checked the same way.
-            padded = replace(target_spec, min_rows=2)
-            checked = ModelSession(staging, padded, provider="cpu")
-            unpadded, drift = drift, step_call_difference(checked, prompts)
-            validation["target"].update(step_vs_call_max_diff=drift, step_vs_call_max_diff_one_row=unpadded)
-            progress(f"target: this CPU's 1-row calls still differ by {unpadded:.2e}: every call gets 2 rows "
-                     f"at least (min_rows 2); max |logit diff| now {drift:.2e}")
-            target_spec = padded
-        if target_spec.attention_pad_rows and drift != 0.0:
-            raise ExportError(f"target graph: 1-token steps and verify calls still differ by {drift:.3g} in logits "
-                              "after the attention pad; speculative greedy output would not be exact")
-        for spec in (target_spec, draft_spec):
-            if spec is not None and spec.ragged_file:
-                session = checked if spec is target_spec else ModelSession(staging, spec, provider="cpu")
-                ragged_diff = ragged_rows_difference(session, prompts)
-                if ragged_diff != 0.0 and spec is draft_spec:
-                    # MatMulNBits on AVX2-only CPUs rounds a 1-row call apart from a multi-row one; a draft's
-                    # ragged rows must equal its batch-1 calls (a seeded request drafts alike at any load), so
-                    # there its calls stay batch-1 and the graph goes.
-                    progress(f"draft: this CPU's ragged-rows graph differs from batch-1 calls by {ragged_diff:.2e}: "
-                             "left out (the batch engine runs each request's draft calls alone)")
-                    validation["draft"]["ragged_rows_left_out_diff"] = ragged_diff
-                    draft_spec = _without_ragged_graph(spec, staging)
-                    continue
-                validation[spec.role]["ragged_rows_max_diff"] = ragged_diff
-                progress(f"{spec.role}: ragged-rows graph against batch-1 calls: max |logit diff| {ragged_diff:.2e}")
-                if ragged_diff != 0.0:
-                    raise ExportError(f"{spec.role} graph: the ragged-rows graph differs from batch-1 calls by "
-                                      f"{ragged_diff:.3g} in logits; export with --batch-rows 0")
+        target_spec, checked = _check_step_calls(staging, target_spec, prompts, validation, progress)
+        draft_spec = _check_ragged_graphs(staging, target_spec, draft_spec, checked, prompts, validation, progress)
         if target_spec.greedy_head:
-            check = greedy_head_check(checked, prompts)
-            validation["target"]["greedy_head"] = check
-            progress(f"target: 8-bit greedy head over {check['positions']} positions: argmax equal to the fp32 "
-                     f"head's {check['argmax_equal']}, |error| / bound at most {check['max_error_over_bound']:.3f}, "
-                     f"{check['candidates_median']:.0f} candidates (median), {check['candidates_max']} at most")
-            if not (check["argmax_equal"] and check["bound_holds"]):
-                raise ExportError("target graph: the 8-bit greedy head does not bound the fp32 head "
-                                  f"(|error| / bound {check['max_error_over_bound']:.3g}, argmax equal "
-                                  f"{check['argmax_equal']}); export without --greedy-head")
+            _check_greedy_head(checked, prompts, validation, progress)
         manifest = Manifest(
             target=target_spec,
             draft=draft_spec,
@@ -449,3 +413,111 @@ def run_export(config: ExportConfig, progress: Progress = print) -> Manifest:
         write_manifest(staging, manifest)
         progress(f"wrote {config.output}")
     return manifest
+
+
+def _load_sources(config: ExportConfig, work: Path,
+                  progress: Progress) -> tuple[LoadedSource, LoadedSource | None, str | None]:
+    """Return (the loaded target, the loaded draft or None, the quantized draft's weights or None), the draft's
+    tokenizer checked against the target's."""
+    progress(f"target: loading {config.target}")
+    target = load_source(config.target, work / "target", config.trust_remote_code, config.revision)
+    draft = None
+    quantized_draft = config.draft.split(":", 1)[1] if config.draft and config.draft.startswith("quantized:") \
+        else None
+    if config.draft and not quantized_draft:
+        progress(f"draft: loading {config.draft}")
+        draft = load_source(config.draft, work / "draft", config.trust_remote_code, config.revision)
+        progress("checking draft and target tokenizers match")
+        check_tokenizers_compatible(target.tokenizer, draft.tokenizer)
+    return target, draft, quantized_draft
+
+
+def _validate_float(staging: Path, spec: GraphSpec, loaded: LoadedSource, config: ExportConfig,
+                    progress: Progress) -> dict:
+    """Return the validation report of a float graph against PyTorch; raise ExportError where it fails."""
+    atol = config.atol if config.atol is not None else DEFAULT_ATOL[spec.weights_dtype]
+    progress(f"{spec.role}: validating ONNX against PyTorch")
+    report = validate_graph(staging, spec, loaded.model, loaded.tokenizer, atol,
+                            min_agreement=config.min_agreement if config.min_agreement is not None
+                            else MIN_GREEDY_AGREEMENT[spec.weights_dtype])
+    progress(
+        f"{spec.role}: max |logit diff| prefill {report.max_logit_diff_prefill:.2e}, "
+        f"step {report.max_logit_diff_step:.2e} (atol {atol:g}); greedy agreement "
+        f"{report.greedy_agreement:.0%} over {report.greedy_tokens} tokens"
+        + (f"; long-call kernel {report.max_logit_diff_long_call:.2e}"
+           if report.max_logit_diff_long_call is not None else "")
+    )
+    if not report.passed:
+        raise ExportError(
+            f"{spec.role} graph failed validation: max logit diff "
+            f"{max(report.max_logit_diff_prefill, report.max_logit_diff_step):.3g} vs atol {atol:g}, "
+            f"greedy agreement {report.greedy_agreement:.0%}, "
+            f"{report.greedy_mismatches_outside_ties} greedy mismatches outside near-ties"
+        )
+    return report.as_dict()
+
+
+def _check_step_calls(staging: Path, target_spec: GraphSpec, prompts: list[list[int]], validation: dict,
+                      progress: Progress) -> tuple[GraphSpec, ModelSession]:
+    """Return (the target spec, with min_rows 2 where this CPU needs it, a session of it) after checking that
+    1-token steps score as one call does; record the difference in `validation`, raise ExportError where an
+    attention-padded target's still differ."""
+    checked = ModelSession(staging, target_spec, provider="cpu")  # one session for this and the later checks
+    drift = step_call_difference(checked, prompts)
+    validation["target"]["step_vs_call_max_diff"] = drift
+    progress(f"target: 1-token steps against the same tokens in one call: max |logit diff| {drift:.2e}"
+             + (" (must be 0 with the attention pad)" if target_spec.attention_pad_rows else ""))
+    if target_spec.attention_pad_rows and drift != 0.0 and target_spec.kv_buffer == "shared":
+        # Some CPUs' MatMul kernels also round a 1-row call differently (MatMulNBits on AVX2-only
+        # CPUs): then every call gets a second, throwaway row (min_rows), checked the same way.
+        padded = replace(target_spec, min_rows=2)
+        checked = ModelSession(staging, padded, provider="cpu")
+        unpadded, drift = drift, step_call_difference(checked, prompts)
+        validation["target"].update(step_vs_call_max_diff=drift, step_vs_call_max_diff_one_row=unpadded)
+        progress(f"target: this CPU's 1-row calls still differ by {unpadded:.2e}: every call gets 2 rows "
+                 f"at least (min_rows 2); max |logit diff| now {drift:.2e}")
+        target_spec = padded
+    if target_spec.attention_pad_rows and drift != 0.0:
+        raise ExportError(f"target graph: 1-token steps and verify calls still differ by {drift:.3g} in logits "
+                          "after the attention pad; speculative greedy output would not be exact")
+    return target_spec, checked
+
+
+def _check_ragged_graphs(staging: Path, target_spec: GraphSpec, draft_spec: GraphSpec | None, checked: ModelSession,
+                         prompts: list[list[int]], validation: dict, progress: Progress) -> GraphSpec | None:
+    """Check each ragged-rows graph against batch-1 calls (`checked`: the target's session) and record it in
+    `validation`; return the draft spec, without its ragged graph where this CPU's differs. Raise ExportError
+    where the target's differs."""
+    for spec in (target_spec, draft_spec):
+        if spec is not None and spec.ragged_file:
+            session = checked if spec is target_spec else ModelSession(staging, spec, provider="cpu")
+            ragged_diff = ragged_rows_difference(session, prompts)
+            if ragged_diff != 0.0 and spec is draft_spec:
+                # MatMulNBits on AVX2-only CPUs rounds a 1-row call apart from a multi-row one; a draft's
+                # ragged rows must equal its batch-1 calls (a seeded request drafts alike at any load), so
+                # there its calls stay batch-1 and the graph goes.
+                progress(f"draft: this CPU's ragged-rows graph differs from batch-1 calls by {ragged_diff:.2e}: "
+                         "left out (the batch engine runs each request's draft calls alone)")
+                validation["draft"]["ragged_rows_left_out_diff"] = ragged_diff
+                draft_spec = _without_ragged_graph(spec, staging)
+                continue
+            validation[spec.role]["ragged_rows_max_diff"] = ragged_diff
+            progress(f"{spec.role}: ragged-rows graph against batch-1 calls: max |logit diff| {ragged_diff:.2e}")
+            if ragged_diff != 0.0:
+                raise ExportError(f"{spec.role} graph: the ragged-rows graph differs from batch-1 calls by "
+                                  f"{ragged_diff:.3g} in logits; export with --batch-rows 0")
+    return draft_spec
+
+
+def _check_greedy_head(checked: ModelSession, prompts: list[list[int]], validation: dict, progress: Progress) -> None:
+    """Check that the target's 8-bit greedy head bounds its fp32 head and record it in `validation`; raise
+    ExportError where it does not."""
+    check = greedy_head_check(checked, prompts)
+    validation["target"]["greedy_head"] = check
+    progress(f"target: 8-bit greedy head over {check['positions']} positions: argmax equal to the fp32 "
+             f"head's {check['argmax_equal']}, |error| / bound at most {check['max_error_over_bound']:.3f}, "
+             f"{check['candidates_median']:.0f} candidates (median), {check['candidates_max']} at most")
+    if not (check["argmax_equal"] and check["bound_holds"]):
+        raise ExportError("target graph: the 8-bit greedy head does not bound the fp32 head "
+                          f"(|error| / bound {check['max_error_over_bound']:.3g}, argmax equal "
+                          f"{check['argmax_equal']}); export without --greedy-head")

@@ -269,12 +269,7 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
     save_examples(work / "train.npz", examples)
     save_examples(work / "heldout.npz", held)
     data_seconds = time.monotonic() - started
-    meta = {"prompts": len(examples), "greedy_answers": sum(not e.sampled for e in examples),
-            "sampled_answers": sum(e.sampled for e in examples),
-            "self_written_prompts": kept, "self_written_turns_drafted": written,
-            "answer_tokens": int(sum(len(e.ids) - e.answer_start for e in examples)),
-            "positions": int(sum(len(e.ids) for e in examples)),
-            "heldout_prompts": len(held), "heldout_answer_tokens": int(sum(len(e.ids) - e.answer_start for e in held)),
+    meta = {**_data_record(examples, held, kept, written),
             "generate_dtype": str(dtype).removeprefix("torch."), "train_features_dtype": str(dtype).removeprefix("torch."),
             "generate_batch": batch, "feature_layers": list(layers),
             "generate_seconds": round(seconds["generate"], 1), "features_seconds": round(seconds["features"], 1),
@@ -282,6 +277,17 @@ def _make_data(config: DistillConfig, manifest: Manifest, model, tokenizer, dead
             "answer_tokens_per_second": round(tokens / max(data_seconds, 1e-9), 1)}
     (work / "data.json").write_text(json.dumps(meta, indent=2))
     return meta
+
+
+def _data_record(examples: list, held: list, kept: int, written: int) -> dict:
+    """Return the data record's counts: training prompts and answers (greedy, sampled), the prompts the target
+    wrote (`kept` of `written` turns), answer tokens and positions, held-out prompts and answer tokens."""
+    return {"prompts": len(examples), "greedy_answers": sum(not e.sampled for e in examples),
+            "sampled_answers": sum(e.sampled for e in examples),
+            "self_written_prompts": kept, "self_written_turns_drafted": written,
+            "answer_tokens": int(sum(len(e.ids) - e.answer_start for e in examples)),
+            "positions": int(sum(len(e.ids) for e in examples)),
+            "heldout_prompts": len(held), "heldout_answer_tokens": int(sum(len(e.ids) - e.answer_start for e in held))}
 
 
 def _refeature(config: DistillConfig, model, work: Path, meta: dict, progress: Progress) -> dict:
@@ -317,10 +323,8 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
     """
     import torch
 
-    from specdec.exporter.distill.data import frequent_tokens, load_examples
-    from specdec.exporter.distill.draft_model import DraftHead, draft_config_for, export_draft_onnx
-    from specdec.exporter.distill.train import (TrainSettings, TrainState, heldout_acceptance, resolved_settings,
-                                                train_head)
+    from specdec.exporter.distill.data import load_examples
+    from specdec.exporter.distill.train import TrainSettings, TrainState, heldout_acceptance, resolved_settings, train_head
     from specdec.exporter.sources import load_source
 
     manifest = check_config(config)
@@ -342,28 +346,13 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
         target_spec, hidden_report = _tap_target(artifact, manifest, model.cpu(), tokenizer,
                                                  tuple(config.feature_layers), progress)
         model.to(device)
-        if config.resume:
-            meta = json.loads((work / "data.json").read_text())
-            progress(f"resume: {meta['prompts']} conversations from {work}")
-            if tuple(meta.get("feature_layers", ())) != tuple(config.feature_layers):
-                meta = _refeature(config, model, work, meta, progress)
-        else:
-            meta = _make_data(config, manifest, model, tokenizer, start + config.data_share * config.minutes * 60,
-                              work, progress)
+        meta = _training_data(config, manifest, model, tokenizer, work, start, progress)
         examples, heldout = load_examples(work / "train.npz"), load_examples(work / "heldout.npz")
-        vocab = min(manifest.tokenizer.vocab_size, manifest.target.vocab_size)
         # A run stopped after its data was made resumes with that data and no checkpoint.
         saved = work / "checkpoint.pt"
         checkpoint = torch.load(saved, weights_only=False) if config.resume and saved.is_file() else None
-        if checkpoint:
-            subset = checkpoint["subset"]
-        else:
-            subset = frequent_tokens(examples, config.subset_size, vocab, manifest.tokenizer.eos_token_ids)
-        draft_config = draft_config_for(model.config, len(subset), vocab, tuple(config.feature_layers))
-        head = DraftHead(draft_config, torch.from_numpy(subset))
-        head.init_from_target(model.cpu())
+        head, subset, draft_config = _new_head(config, manifest, model, examples, checkpoint, device)
         del model
-        head.to(device)
         settings = resolved_settings(TrainSettings(**config.settings), device)
         state, optimizer_state = TrainState(), None
         if checkpoint:
@@ -376,15 +365,9 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
         progress(f"train: held-out greedy agreement before training {untrained['first']:.3f} "
                  f"(subset {len(subset)} ids covers {untrained['subset_coverage']:.1%} of the target's choices)")
         reserve = 0.08 * config.minutes * 60 + 20  # export and the runtime check at the end
-
-        def report(state, row):
-            if row:
-                progress(f"train: step {state.step}, {state.tokens_seen} pair-tokens, {state.seconds / 60:.1f} min; "
-                         f"held-out acceptance first {row['first']:.3f} second {row['second']:.3f} (loss {row['loss']})")
-
         state, optimizer_state = train_head(head, examples, heldout, settings, state, config.seed,
                                             None if config.steps else deadline - reserve, config.steps,
-                                            optimizer_state, report)
+                                            optimizer_state, _training_report(progress))
         final = heldout_acceptance(head, heldout, device)
         fit = heldout_acceptance(head, fit_sample, device)
         state.curve.append({"step": state.step, "train_minutes": round(state.seconds / 60, 3),
@@ -402,15 +385,65 @@ def run_distill(config: DistillConfig, progress: Progress = print) -> Manifest:
             "heldout_acceptance": final, "untrained_heldout_acceptance": untrained, "curve": state.curve,
             "train_fit": fit, "untrained_train_fit": untrained_fit,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "reproduce": f"specdec distill ART --seed {config.seed} --prompts {meta['prompts']} --steps {state.step}"
-                         f" --generate-batch {config.generate_batch} --train-dtype {settings.compute_dtype}"
-                         + (f" --feature-layers {','.join(map(str, config.feature_layers))}"
-                            if config.feature_layers else "")
-                         + (f" --self-written-share {config.self_written_share:g}"
-                            if config.self_written_share != DistillConfig.self_written_share else ""),
+            "reproduce": _reproduce_command(config, meta["prompts"], state.step, settings.compute_dtype),
         }
         return _write_head(artifact, manifest, target_spec, hidden_report, head.cpu(), subset, training, config,
                            progress)
+
+
+def _training_data(config: DistillConfig, manifest: Manifest, model, tokenizer, work: Path, start: float,
+                   progress: Progress) -> dict:
+    """Return the data record of the run's training data in `work`: the last run's with --resume (its features
+    read again where --feature-layers changed), else made now within the data share of the budget."""
+    if not config.resume:
+        return _make_data(config, manifest, model, tokenizer, start + config.data_share * config.minutes * 60,
+                          work, progress)
+    meta = json.loads((work / "data.json").read_text())
+    progress(f"resume: {meta['prompts']} conversations from {work}")
+    if tuple(meta.get("feature_layers", ())) != tuple(config.feature_layers):
+        meta = _refeature(config, model, work, meta, progress)
+    return meta
+
+
+def _new_head(config: DistillConfig, manifest: Manifest, model, examples: list, checkpoint: dict | None,
+              device: str):
+    """Return (a draft head initialised from the target `model`, on `device`, its vocabulary subset, its
+    DraftConfig); the subset is the checkpoint's when resuming, else the examples' most frequent ids."""
+    import torch
+
+    from specdec.exporter.distill.data import frequent_tokens
+    from specdec.exporter.distill.draft_model import DraftHead, draft_config_for
+
+    vocab = min(manifest.tokenizer.vocab_size, manifest.target.vocab_size)
+    if checkpoint:
+        subset = checkpoint["subset"]
+    else:
+        subset = frequent_tokens(examples, config.subset_size, vocab, manifest.tokenizer.eos_token_ids)
+    draft_config = draft_config_for(model.config, len(subset), vocab, tuple(config.feature_layers))
+    head = DraftHead(draft_config, torch.from_numpy(subset))
+    head.init_from_target(model.cpu())
+    head.to(device)
+    return head, subset, draft_config
+
+
+def _training_report(progress: Progress) -> Callable:
+    """Return train_head's report callback: one progress line per held-out evaluation."""
+    def report(state, row):
+        if row:
+            progress(f"train: step {state.step}, {state.tokens_seen} pair-tokens, {state.seconds / 60:.1f} min; "
+                     f"held-out acceptance first {row['first']:.3f} second {row['second']:.3f} (loss {row['loss']})")
+
+    return report
+
+
+def _reproduce_command(config: DistillConfig, prompts: int, steps: int, compute_dtype: str) -> str:
+    """Return the `specdec distill` command line that repeats this run's data and training."""
+    return (f"specdec distill ART --seed {config.seed} --prompts {prompts} --steps {steps}"
+            f" --generate-batch {config.generate_batch} --train-dtype {compute_dtype}"
+            + (f" --feature-layers {','.join(map(str, config.feature_layers))}"
+               if config.feature_layers else "")
+            + (f" --self-written-share {config.self_written_share:g}"
+               if config.self_written_share != DistillConfig.self_written_share else ""))
 
 
 def _write_head(artifact: Path, manifest: Manifest, target_spec: GraphSpec, hidden_report: dict, head,
