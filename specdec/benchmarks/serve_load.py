@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 from urllib.parse import urlparse
@@ -279,33 +279,33 @@ def main(ctx, **options) -> None:
         raise click.ClickException(str(err)) from None
 
 
+@dataclass(frozen=True)
+class _Rounds:
+    """What every round of the run sends, whatever its server and drafter."""
+
+    model: str | None  # the model id sent (None: the server's)
+    cases: list  # the prompts, PromptCase each
+    max_tokens: int
+    num_draft_tokens: str | None  # K sent with every request (None: the server's)
+    requests: int  # per cell, over all its rounds
+    repeats: int  # rounds per cell
+    min_waves: int  # closed loop: requests per client a round at least
+    seed: int  # open loop: the schedule's seed
+    arrivals: str  # open loop: poisson | constant
+    deadline: float  # perf_counter time after which nothing more is sent
+
+
 def _main(*, artifact, servers, urls, plain, plot_path, generations, concurrency, rates, arrivals, seed,
           goodput_ttft, goodput_itl, goodput_e2el, drafters, num_draft_tokens, requests, repeats, min_waves,
           max_tokens, prompts_path, model, time_limit, output, as_json) -> None:
     open_loop = rates is not None
-    loads: list[float] = _csv(float, rates, "--rate") if open_loop else _csv(int, concurrency, "--concurrency")
-    if min(loads) <= 0 or (not open_loop and min(loads) < 1):
-        raise click.BadParameter("must be > 0" if open_loop else "client counts must be >= 1",
-                                 param_hint="--rate" if open_loop else "--concurrency")
+    loads, drafter_list = _checked_loads_and_drafters(concurrency, rates, drafters)
     targets_met = GoodputTargets(ttft=goodput_ttft, itl=goodput_itl, e2el=goodput_e2el)
-    drafter_list = _csv(str, drafters, "--drafters")
-    bad = [d for d in drafter_list if d not in DRAFTER_LABELS]
-    if bad:
-        raise click.BadParameter(f"unknown drafter '{bad[0]}' (use {', '.join(DRAFTER_LABELS)})",
-                                 param_hint="--drafters")
     cases = load_prompts(prompts_path or PROMPTS_FILE)
-    targets: dict[str, str] = {}
-    for item in urls:
-        name, _, url = item.rpartition("=") if "=" in item else (f"url{len(targets) + 1}", "", item)
-        targets[name] = check_loopback(url)
-    kinds = [] if urls else _csv(str, servers, "--servers")
-    if any(k not in SERVER_KINDS for k in kinds):
-        raise click.BadParameter(f"servers are {', '.join(SERVER_KINDS)}", param_hint="--servers")
-    if kinds and not artifact:
-        raise click.UsageError("give ARTIFACT to start servers, or --url for running ones")
+    targets, kinds = _checked_servers(artifact, servers, urls)
     cores = os.cpu_count() or 1
-    started = time.perf_counter()
-    deadline = started + time_limit
+    plan = _Rounds(model, cases, max_tokens, num_draft_tokens, requests, repeats, min_waves, seed, arrivals,
+                   time.perf_counter() + time_limit)
     load_before = _loadavg()
     cells: dict[tuple[str, str, float], Cell] = {}
     not_run: list[str] = []
@@ -327,37 +327,10 @@ def _main(*, artifact, servers, urls, plain, plot_path, generations, concurrency
             key = (name, drafter, load)
             cell = cells.setdefault(key, Cell(name, drafter, None if open_loop else int(load),
                                               rate=load if open_loop else None))
-            label = f"{load:g} req/s" if open_loop else f"clients {int(load):2d}"
-            if time.perf_counter() > deadline:
+            if time.perf_counter() > plan.deadline:
                 not_run.append(f"{name}/{drafter}/{'r' if open_loop else 'c'}{load:g}/round{repeat + 1}")
                 continue
-            process = started_here.get(name)
-            cpu_before = process.cpu_seconds() if process else None
-            sizes = round_sizes(requests, repeats, 1 if open_loop else int(load), 0 if open_loop else min_waves)
-            if open_loop:
-                # every server and drafter of a round gets the same schedule and prompts
-                schedule = arrival_times(sizes[repeat], load, (seed, repeat), arrivals)
-                records, seconds, unsent = asyncio.run(run_open_round(
-                    targets[name], model, cases, drafter, schedule, sum(sizes[:repeat]), max_tokens,
-                    num_draft_tokens, name in plain, deadline))
-                cell.send_times.append([r.sent for r in records if r.sent is not None])
-                cell.not_sent += unsent
-            else:
-                # rounds start at different prompts, so each round's first requests are not always the same ones
-                records, seconds = asyncio.run(run_round(targets[name], model, cases, drafter, int(load),
-                                                         sizes[repeat], repeat * int(load), max_tokens,
-                                                         num_draft_tokens, name in plain))
-                unsent = 0
-            cell.records += records
-            cell.seconds += seconds
-            if process is not None:
-                cell.cpu_seconds = (cell.cpu_seconds or 0.0) + process.cpu_seconds() - cpu_before
-            failed = [r for r in records if not r.ok]
-            click.echo(f"  {name:8s} {drafter:6s} {label} round {repeat + 1}: {len(records)} requests "
-                       f"in {seconds:6.1f} s, {sum(r.tokens for r in records) / max(seconds, 1e-9):6.1f} tok/s"
-                       + (f", {unsent} not sent (time limit)" if unsent else "")
-                       + (f", server CPU {cell.cpu_seconds:.1f} s so far" if process is not None else "")
-                       + (f", {len(failed)} failed ({failed[0].error})" if failed else ""), err=True)
+            _play_round(cell, targets[name], name in plain, started_here.get(name), open_loop, load, repeat, plan)
     order = list(targets)
     summaries = [summarize(cells[key], targets_met)
                  for key in sorted(cells, key=lambda k: (order.index(k[0]), k[2], drafter_list.index(k[1])))]
@@ -381,6 +354,76 @@ def _main(*, artifact, servers, urls, plain, plot_path, generations, concurrency
         "equal_texts": "yes" if not differ else f"no: prompts {', '.join(differ)} differ",
         "not_run": not_run,
     }
+    _write_results(setup, summaries, cells, output, plot_path, as_json)
+
+
+def _checked_loads_and_drafters(concurrency: str, rates: str | None, drafters: str) -> tuple[list[float], list[str]]:
+    """Return (the loads: request rates with --rate, else client counts; the drafters to compare); raise click's
+    BadParameter for values that cannot run."""
+    open_loop = rates is not None
+    loads: list[float] = _csv(float, rates, "--rate") if open_loop else _csv(int, concurrency, "--concurrency")
+    if min(loads) <= 0 or (not open_loop and min(loads) < 1):
+        raise click.BadParameter("must be > 0" if open_loop else "client counts must be >= 1",
+                                 param_hint="--rate" if open_loop else "--concurrency")
+    drafter_list = _csv(str, drafters, "--drafters")
+    bad = [d for d in drafter_list if d not in DRAFTER_LABELS]
+    if bad:
+        raise click.BadParameter(f"unknown drafter '{bad[0]}' (use {', '.join(DRAFTER_LABELS)})",
+                                 param_hint="--drafters")
+    return loads, drafter_list
+
+
+def _checked_servers(artifact, servers: str, urls: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """Return ({name: url} of the --url servers, the server kinds to start); raise click's errors for servers
+    that cannot run."""
+    targets: dict[str, str] = {}
+    for item in urls:
+        name, _, url = item.rpartition("=") if "=" in item else (f"url{len(targets) + 1}", "", item)
+        targets[name] = check_loopback(url)
+    kinds = [] if urls else _csv(str, servers, "--servers")
+    if any(k not in SERVER_KINDS for k in kinds):
+        raise click.BadParameter(f"servers are {', '.join(SERVER_KINDS)}", param_hint="--servers")
+    if kinds and not artifact:
+        raise click.UsageError("give ARTIFACT to start servers, or --url for running ones")
+    return targets, kinds
+
+
+def _play_round(cell: Cell, url: str, plain: bool, process: ServerProcess | None, open_loop: bool, load: float,
+                repeat: int, plan: _Rounds) -> None:
+    """Send round `repeat` of `cell` to the server at `url` (open loop at rate `load`, else `load` closed-loop
+    clients), add its records, time and server CPU to the cell, and print a line on stderr."""
+    cpu_before = process.cpu_seconds() if process else None
+    sizes = round_sizes(plan.requests, plan.repeats, 1 if open_loop else int(load), 0 if open_loop else plan.min_waves)
+    if open_loop:
+        # every server and drafter of a round gets the same schedule and prompts
+        schedule = arrival_times(sizes[repeat], load, (plan.seed, repeat), plan.arrivals)
+        records, seconds, unsent = asyncio.run(run_open_round(
+            url, plan.model, plan.cases, cell.drafter, schedule, sum(sizes[:repeat]), plan.max_tokens,
+            plan.num_draft_tokens, plain, plan.deadline))
+        cell.send_times.append([r.sent for r in records if r.sent is not None])
+        cell.not_sent += unsent
+    else:
+        # rounds start at different prompts, so each round's first requests are not always the same ones
+        records, seconds = asyncio.run(run_round(url, plan.model, plan.cases, cell.drafter, int(load),
+                                                 sizes[repeat], repeat * int(load), plan.max_tokens,
+                                                 plan.num_draft_tokens, plain))
+        unsent = 0
+    cell.records += records
+    cell.seconds += seconds
+    if process is not None:
+        cell.cpu_seconds = (cell.cpu_seconds or 0.0) + process.cpu_seconds() - cpu_before
+    failed = [r for r in records if not r.ok]
+    label = f"{load:g} req/s" if open_loop else f"clients {int(load):2d}"
+    click.echo(f"  {cell.server:8s} {cell.drafter:6s} {label} round {repeat + 1}: {len(records)} requests "
+               f"in {seconds:6.1f} s, {sum(r.tokens for r in records) / max(seconds, 1e-9):6.1f} tok/s"
+               + (f", {unsent} not sent (time limit)" if unsent else "")
+               + (f", server CPU {cell.cpu_seconds:.1f} s so far" if process is not None else "")
+               + (f", {len(failed)} failed ({failed[0].error})" if failed else ""), err=True)
+
+
+def _write_results(setup: dict, summaries: list, cells: dict, output, plot_path, as_json: bool) -> None:
+    """Write serve_load.json and serve_load.md into `output` and the plot to `plot_path` where given; print the
+    Markdown table, or the setup and summaries as JSON."""
     table = markdown(summaries, setup)
     if output:
         folder = Path(output)
