@@ -123,6 +123,7 @@ class ModelDrafter:
 
     name = "model"
     reads_hidden = False
+    draft_head = None  # a draft model, no draft head
 
     def __init__(self, session: ModelSession, sampling: SamplingConfig, rng: np.random.Generator,
                  capacity: int | None = None):
@@ -148,11 +149,6 @@ class ModelDrafter:
     def draft_model(self) -> ModelDrafter:
         """Return itself: a draft model drafts."""
         return self
-
-    @property
-    def draft_head(self) -> None:
-        """Return None: no draft head."""
-        return None
 
     def drafts_by_lookup(self, situation: str | None) -> bool:
         """Return False: every proposal is the model's."""
@@ -238,6 +234,7 @@ class NgramDrafter:
 
     name = "ngram"
     reads_hidden = False
+    draft_model = draft_head = None  # prompt lookup reads no model and no head
 
     @property
     def stats(self) -> DrafterStats:
@@ -247,16 +244,6 @@ class NgramDrafter:
     def __init__(self, min_n: int = 1, max_n: int = 4, phrases: PhraseTable | None = None):
         self.index = NgramIndex(min_n=min_n, max_n=max_n)
         self.phrases = phrases
-
-    @property
-    def draft_model(self) -> None:
-        """Return None: prompt lookup reads no model."""
-        return None
-
-    @property
-    def draft_head(self) -> None:
-        """Return None: prompt lookup reads no head."""
-        return None
 
     def drafts_by_lookup(self, situation: str | None) -> bool:
         """Return True: every proposal is prompt lookup's."""

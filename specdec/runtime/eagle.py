@@ -191,6 +191,7 @@ class EagleDrafter:
 
     name = "eagle"
     reads_hidden = True  # the loop passes the target's hidden rows to begin/accept
+    draft_model = None  # the head is no draft model (it has no KV slot of the draft's)
 
     def __init__(self, head: EagleHead, sampling: SamplingConfig, rng: np.random.Generator):
         self.head = head
@@ -211,11 +212,6 @@ class EagleDrafter:
     def stats(self) -> DrafterStats:
         """Return the head's calls, time and mean single-pair call time so far."""
         return DrafterStats(self._calls, self._seconds, self._step_seconds / self._steps if self._steps else None)
-
-    @property
-    def draft_model(self) -> None:
-        """Return None: the head is no draft model (it has no KV slot of the draft's)."""
-        return None
 
     @property
     def draft_head(self) -> EagleDrafter:

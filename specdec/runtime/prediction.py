@@ -68,6 +68,7 @@ class PredictionDrafter:
 
     name = PREDICTION
     reads_hidden = False
+    draft_model = draft_head = None  # a prediction reads no model and no head
 
     def __init__(self, prediction: Sequence[int], fallback: NgramDrafter | None = None):
         self.index = PredictionIndex(prediction)
@@ -86,16 +87,6 @@ class PredictionDrafter:
     def prediction(self) -> list[int]:
         """Return the predicted tokens."""
         return self.index.tokens
-
-    @property
-    def draft_model(self) -> None:
-        """Return None: a prediction reads no model."""
-        return None
-
-    @property
-    def draft_head(self) -> None:
-        """Return None: a prediction reads no head."""
-        return None
 
     def drafts_by_lookup(self, situation: str | None) -> bool:
         """Return True: every proposal is copied, from the prediction or the context."""

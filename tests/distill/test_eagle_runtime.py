@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -133,23 +132,15 @@ def test_greedy_with_a_head_reading_lower_layers_equals_target_only(layers_engin
 
 def test_sampled_with_the_eagle_drafter_has_the_target_distribution(engine):
     """Chi-square of the first four tokens' joint distribution (tests/runtime/test_exactness.py's test)."""
-    from tests.runtime.test_exactness import _chi_square, _target_joint
+    from tests.runtime.test_exactness import _assert_fits, _sampled_joint, _target_joint
 
     settings = dict(temperature=1.0, top_k=4, top_p=0.9)
     prompt_ids = _prompts(engine)[0]
     exact = _target_joint(engine, prompt_ids, SamplingConfig(**settings), depth=4)
     runs = 2000
-    counts, totals = Counter(), Counter()
-    for seed in range(runs):
-        result = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=4, seed=seed, drafter="eagle",
-                                                              num_draft_tokens=2, **settings))
-        s = result.stats
-        totals.update(accepted=s.accepted, rejections=s.acceptance_tests - s.accepted, bonus=s.bonus_tokens)
-        counts[tuple(result.token_ids[:4])] += 1
+    counts, totals = _sampled_joint(engine, prompt_ids, runs, drafter="eagle", num_draft_tokens=2, **settings)
     assert totals["accepted"] >= runs // 20 and totals["rejections"] >= runs // 20, totals
-    assert set(counts) <= set(exact), "sampled a sequence the target gives zero probability"
-    chi2, critical = _chi_square(counts, exact, runs)
-    assert chi2 < critical, (chi2, critical, totals)
+    _assert_fits(counts, exact, totals)
 
 
 def _generate(art, *args):

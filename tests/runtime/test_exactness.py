@@ -193,13 +193,14 @@ def test_eos_inside_an_accepted_block_ends_the_counts_there(tiny_self_draft_arti
     assert s.new_tokens == 8
 
 
-def _target_joint(engine, prompt_ids, sampling, depth):
-    """Exact joint distribution of the first `depth` generated tokens under target-only sampling."""
+def _target_joint(engine, prompt_ids, sampling, depth, mask_of=None):
+    """Exact joint distribution of the first `depth` generated tokens under target-only sampling; with
+    `mask_of`, each token drawn under the [1, vocab] mask `mask_of(tokens before it)` returns (a grammar's)."""
     joint = {}
 
     def walk(prefix, mass):
         probs = process_logits(engine.target.forward(engine.target.new_cache(), prompt_ids + prefix)[-1:],
-                               sampling, [prompt_ids + prefix])[0]
+                               sampling, [prompt_ids + prefix], mask_of(prefix) if mask_of else None)[0]
         for token in np.flatnonzero(probs):
             cell = prefix + [int(token)]
             if len(cell) == depth:
@@ -231,6 +232,28 @@ def _chi_square(counts, exact, runs):
     # Wilson-Hilferty approximation of the 0.001 upper quantile of chi-square(dof).
     z = 3.09
     return chi2, dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
+
+
+def _sampled_joint(engine, prompt_ids, runs, check=lambda result: None, **config):
+    """Return (Counter of the first four tokens, Counter of accepted drafts, rejections, bonus tokens and drafts)
+    over `runs` generations of four tokens with GenerationConfig `config`, seeds 0 to runs - 1, each result passed
+    to `check` first."""
+    counts, totals = Counter(), Counter()
+    for seed in range(runs):
+        result = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=4, seed=seed, **config))
+        check(result)
+        s = result.stats
+        totals.update(accepted=s.accepted, rejections=s.acceptance_tests - s.accepted, bonus=s.bonus_tokens,
+                      drafted=s.drafted)
+        counts[tuple(result.token_ids[:4])] += 1
+    return counts, totals
+
+
+def _assert_fits(counts, exact, totals):
+    """Assert that no sampled sequence has probability 0 in the `exact` joint and that the counts fit it."""
+    assert set(counts) <= set(exact), "sampled a sequence the target gives zero probability"
+    chi2, critical = _chi_square(counts, exact, sum(counts.values()))
+    assert chi2 < critical, (chi2, critical, totals)
 
 
 class _FixedCallCosts(TargetCallCosts):
@@ -292,24 +315,20 @@ def test_sampled_speculative_matches_target_distribution(near_engine, drafter, s
     sampling = dataclasses.replace(SamplingConfig(**settings), output_start=len(prompt_ids))
     exact = _target_joint(engine, prompt_ids, sampling, depth=4)
     runs = 3000
-    counts, totals = Counter(), Counter()
-    for seed in range(runs):
-        # ngram_min=1: the 1st token must be enough of a suffix for the n-gram drafter to propose.
-        config = GenerationConfig(max_new_tokens=4, seed=seed, drafter=drafter, num_draft_tokens=k, ngram_min=1,
-                                  prediction=prediction, **settings)
-        result = engine.generate(prompt_ids, config)
+
+    def identities(result):
         s = result.stats
         rejections = s.acceptance_tests - s.accepted
         cut = int(result.finish_reason == "eos" and s.new_tokens == s.accepted + s.iterations)
         assert s.new_tokens == 1 + s.accepted + s.iterations - cut, s.as_dict()
         assert s.iterations == rejections + s.bonus_tokens + s.draft_lengths.get(0, 0) + cut, s.as_dict()
         assert 0 <= s.accepted <= s.drafted
-        totals.update(accepted=s.accepted, rejections=rejections, bonus=s.bonus_tokens, drafted=s.drafted)
-        counts[tuple(result.token_ids[:4])] += 1
+
+    # ngram_min=1: the 1st token must be enough of a suffix for the n-gram drafter to propose.
+    counts, totals = _sampled_joint(engine, prompt_ids, runs, identities, drafter=drafter, num_draft_tokens=k,
+                                    ngram_min=1, prediction=prediction, **settings)
     assert totals["accepted"] >= runs // 5 and totals["rejections"] >= runs // 10 and totals["bonus"] >= runs // 20, totals
-    assert set(counts) <= set(exact), "sampled a sequence the target gives zero probability"
-    chi2, critical = _chi_square(counts, exact, runs)
-    assert chi2 < critical, (chi2, critical, totals)
+    _assert_fits(counts, exact, totals)
 
 
 def test_same_seed_same_output(engines):

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections import Counter
 
 import jsonschema
-import numpy as np
 import pytest
 
 from specdec.models.errors import GenerationError
@@ -17,10 +15,10 @@ from specdec.runtime.batch import BatchEngine
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.grammar import GrammarSpec
 from specdec.runtime.loop import FORCED
-from specdec.runtime.sampling import SamplingConfig, process_logits
+from specdec.runtime.sampling import SamplingConfig
 
 from tests.runtime.test_batch import PROMPT_SET, _concurrently
-from tests.runtime.test_exactness import _chi_square
+from tests.runtime.test_exactness import _assert_fits, _sampled_joint, _target_joint
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 999},
@@ -78,23 +76,13 @@ def test_a_bad_grammar_is_refused_before_anything_runs(engine):
 def _masked_joint(engine, prompt_ids, sampling, spec, depth):
     """Exact joint distribution of the first `depth` tokens of constrained target-only sampling."""
     compiled = engine.grammar(spec)
-    joint = {}
 
-    def walk(prefix, mass):
+    def mask_of(prefix):
         state = compiled.start(engine.target.vocab_limit)
         state.advance(prefix)
-        mask = state.allowed([])[1]
-        logits = engine.target.forward(engine.target.new_cache(), prompt_ids + prefix)[-1:]
-        probs = process_logits(logits, sampling, [prompt_ids + prefix], mask)[0]
-        for token in np.flatnonzero(probs):
-            cell = prefix + [int(token)]
-            if len(cell) == depth:
-                joint[tuple(cell)] = mass * probs[token]
-            else:
-                walk(cell, mass * probs[token])
+        return state.allowed([])[1]
 
-    walk([], 1.0)
-    return joint
+    return _target_joint(engine, prompt_ids, sampling, depth, mask_of)
 
 
 @pytest.mark.parametrize("drafter, spec", [
@@ -108,18 +96,10 @@ def test_sampled_constrained_speculation_has_the_masked_target_distribution(near
     sampling = dataclasses.replace(SamplingConfig(**settings), output_start=len(prompt_ids), needs_logits=True)
     exact = _masked_joint(engine, prompt_ids, sampling, spec, depth=4)
     runs = 2000
-    counts, totals = Counter(), Counter()
-    for seed in range(runs):
-        result = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=4, seed=seed, drafter=drafter,
-                                                              num_draft_tokens=3, ngram_min=1, grammar=spec,
-                                                              **settings))
-        s = result.stats
-        totals.update(accepted=s.accepted, rejections=s.acceptance_tests - s.accepted, drafted=s.drafted)
-        counts[tuple(result.token_ids[:4])] += 1
+    counts, totals = _sampled_joint(engine, prompt_ids, runs, drafter=drafter, num_draft_tokens=3, ngram_min=1,
+                                    grammar=spec, **settings)
     assert totals["accepted"] >= runs // 5 and totals["rejections"] >= runs // 20, totals
-    assert set(counts) <= set(exact), "sampled a sequence the masked target gives zero probability"
-    chi2, critical = _chi_square(counts, exact, runs)
-    assert chi2 < critical, (chi2, critical, totals)
+    _assert_fits(counts, exact, totals)  # a sequence the masked target gives zero probability fails it
 
 
 @pytest.fixture(scope="module")
