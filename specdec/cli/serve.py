@@ -28,11 +28,15 @@ from specdec.models.extras import missing_dependency
                    "graph). 1: each request runs alone on its own thread, --max-concurrency of them.")
 @click.option("--kv-capacity", type=click.IntRange(min=16), default=1024, show_default=True,
               help="Positions per KV slot (prompt + max_tokens must fit); the memory taken is logged at start.")
-@click.option("--prefix-cache", is_flag=True,
-              help="With --max-batch > 1: a prompt that starts as a finished request's context did (chat history, "
-                   "a system prompt) reuses that slot's KV and skips prefilling it. Greedy output then equals "
-                   "target-only output up to near-ties (the reused positions were computed in calls of another "
-                   "shape).")
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
+              help="With --max-batch > 1: a prompt that starts as an earlier request's did (chat history, a system "
+                   "prompt) reuses that slot's KV and skips prefilling it: only positions a fresh prefill computes "
+                   "bit for bit alike, so the output is the same without it. A reply's positions count only on "
+                   "int4 and --exact-steps artifacts (elsewhere 1-token steps round otherwise).")
+@click.option("--prefill-budget", type=click.IntRange(min=1), default=256, show_default=True, metavar="TOKENS",
+              help="With --max-batch > 1: prompt tokens prefilled per step, in aligned 64-token chunks, the oldest "
+                   "prompt first; they ride the running requests' call, which thus still get a token every step. "
+                   "Larger: a burst's prompts start in fewer steps; smaller: running requests wait less per token.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --max-batch 1: generations running at once; engine threads default to cores / this.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
@@ -79,11 +83,11 @@ from specdec.models.extras import missing_dependency
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @one_line_errors
-def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache, max_concurrency, max_queue,
-          request_timeout, max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys, api_key_file,
-          public_metrics, allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, write_timeout,
-          header_timeout, keep_alive_timeout, use_ray, replicas,
-          replica_cpus, replica_gpus, ray_address, log_level) -> None:
+def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache, prefill_budget, max_concurrency,
+          max_queue, request_timeout, max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys,
+          api_key_file, public_metrics, allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, write_timeout,
+          header_timeout, keep_alive_timeout, use_ray, replicas, replica_cpus, replica_gpus, ray_address,
+          log_level) -> None:
     """Serve ARTIFACT over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions), /health, /metrics."""
     from specdec.models.manifest import load_manifest
     from specdec.serve.config import ServeConfig
@@ -97,7 +101,7 @@ def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache
                            "(--api-key, --api-key-file or SPECDEC_API_KEY), or pass --allow-no-key")
 
     config = ServeConfig(artifact=artifact, model_name=model_name, max_batch=max_batch, kv_capacity=kv_capacity,
-                         prefix_cache=prefix_cache,
+                         prefix_cache=prefix_cache, prefill_budget=prefill_budget,
                          max_concurrency=max_concurrency,
                          max_queue=max_queue, request_timeout=request_timeout,
                          max_tokens_default=max_tokens_default, threads=threads, provider=provider,

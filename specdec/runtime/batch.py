@@ -12,10 +12,13 @@ its own small calls.
 batch_plan.py chooses which requests speculate, from measured call costs (prompt lookup is asked
 first, so the plan weighs the drafts it found; those it leaves unverified are followed against the
 tokens committed next, so a request's record keeps learning while it decodes plainly). New requests
-are admitted between steps into KV slots (slots.py), those admitted together prefilled in one
-ragged-rows call. There may be more slots than that graph has rows: new requests take its rows while
-the load fits them, the rest only under more load (`_slot_window`), and a step with a request beyond
-them is a batched decode call.
+are admitted between steps into KV slots (slots.py); their prompts are prefilled in chunks aligned to
+absolute positions, at most `prefill_budget` tokens a step, the oldest first, riding the running
+requests' ragged-rows call (or, where nothing runs, one ragged-rows call of their own). There may be
+more slots than that graph has rows: new requests take its rows while the load fits them, the rest
+only under more load (`_slot_window`), and a step with a request beyond them is a batched decode call.
+With the prefix cache (on by default) a prompt skips the positions a slot holds of it that a fresh
+chunked prefill computes alike (slots.py, batch_chunks.py), so the output is the same with or without it.
 
 This file is the engine's face and its scheduler loop; each job is a file of its own, entered once
 per step in this order: batch_admission.py (slots, prefills), batch_step.py (plan, K, commit),
@@ -46,21 +49,33 @@ from specdec.runtime.engine import Engine, GenerationStream
 from specdec.runtime.loop import Iteration
 from specdec.runtime.slots import SlotArena
 
-__all__ = ["BatchEngine", "CALIBRATION_PAST", "DEFAULT_KV_CAPACITY", "DEFAULT_MAX_BATCH", "DRAFT_MARGIN"]
+__all__ = ["BatchEngine", "CALIBRATION_PAST", "DEFAULT_KV_CAPACITY", "DEFAULT_MAX_BATCH", "DEFAULT_PREFILL_BUDGET",
+           "DRAFT_MARGIN"]
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_KV_CAPACITY = 1024  # positions per slot
+# Prompt tokens prefilled per step (vLLM's max_num_batched_tokens, prompts only): 4 chunks. On SmolLM2, 2 cores,
+# ~1.5-2 ms a prompt token in a ragged call: a full step ~0.4-0.5 s, the longest a running request waits for a
+# token during a burst, and a step's own ~25-40 ms stays under a tenth of it (estimated; docs/DESIGN.md,
+# "Continuous batching").
+DEFAULT_PREFILL_BUDGET = 256
 
 
 class BatchEngine(SlotAdmission, BatchStep):
-    """An Engine's target run for many requests at once, in `max_batch` KV slots of `kv_capacity` positions."""
+    """An Engine's target run for many requests at once, in `max_batch` KV slots of `kv_capacity` positions; each
+    step prefills at most `prefill_budget` prompt tokens."""
 
     def __init__(self, engine: Engine, max_batch: int = DEFAULT_MAX_BATCH, kv_capacity: int = DEFAULT_KV_CAPACITY,
-                 on_step: Callable[[int], None] | None = None, prefix_cache: bool = False):
+                 on_step: Callable[[int], None] | None = None, prefix_cache: bool = True,
+                 prefill_budget: int = DEFAULT_PREFILL_BUDGET):
         if max_batch < 1:
             raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
+        if isinstance(prefill_budget, bool) or not isinstance(prefill_budget, int) or prefill_budget < 1:
+            raise GenerationError(f"prefill_budget must be an integer >= 1 (prompt tokens a step), got "
+                                  f"{prefill_budget!r}")
         self.engine = engine
-        self.arena = SlotArena(engine.target, max_batch, kv_capacity, keep_prefixes=prefix_cache)
+        self.prefill_budget = prefill_budget
+        self.arena = SlotArena(engine.target, max_batch, kv_capacity, keep_prefixes=prefix_cache, exact_prefixes=True)
         # The draft model's KV slots follow the target's (request in slot s drafts in draft slot s), so that
         # every drafting request's draft calls of a step share one ragged-rows call of the draft graph (where it
         # has one of max_batch rows), and a prompt reuses the draft's prefix too.
@@ -70,16 +85,16 @@ class BatchEngine(SlotAdmission, BatchStep):
                             else None)
         self.calls = TargetCalls(engine, self.arena, on_step)  # the target calls, and what they cost
         self.drafting = DraftRounds(engine, self.draft_arena)  # the draft calls, shared across requests
-        self.prefills_in_steps = 0  # admitted requests prefilled in the running requests' step call
+        self.prefills_in_steps = 0  # requests whose prompt's last chunk rode the running requests' step call
         # Reuse the KV a finished request left in its slot for a prompt that starts the same way (a chat's
-        # history, a shared system prompt). Off by default: the reused positions were computed in calls of
-        # another shape, so a logit may round differently at the last bit and flip a near-tie argmax.
+        # history, a shared system prompt): only positions a fresh chunked prefill computes bit for bit alike.
         self.prefix_cache = prefix_cache
         self.prefix_tokens_reused = 0
         self.prefix_tokens_queried = 0  # prompt tokens of the requests admitted with the prefix cache on
         self._waiting: deque[BatchRequest] = deque()
+        self._prefilling: list[BatchRequest] = []  # holding slots, their prompts prefilled chunk by chunk, oldest first
         self._running: list[BatchRequest] = []
-        self._admitting: list[BatchRequest] = []  # dequeued this round, not yet running: a scheduler error reaches them
+        self._admitting: list[BatchRequest] = []  # dequeued, not yet prefilling: a scheduler error reaches it
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
@@ -97,8 +112,8 @@ class BatchEngine(SlotAdmission, BatchStep):
 
     @property
     def num_running(self) -> int:
-        """Return the requests holding a slot now."""
-        return len(self._running)
+        """Return the requests holding a slot now (their prompts prefilled or still prefilling)."""
+        return len(self._running) + len(self._prefilling)
 
     @property
     def num_waiting(self) -> int:
@@ -249,39 +264,39 @@ class BatchEngine(SlotAdmission, BatchStep):
             stopped = GenerationError(f"the batch scheduler stopped: {type(err).__name__}: {err}")
             with self._wake:
                 self._stopping = True
-                ended = list({id(r): r for r in [*self._waiting, *self._admitting, *self._running]}.values())
+                ended = list({id(r): r for r in [*self._waiting, *self._admitting, *self._prefilling,
+                                                 *self._running]}.values())
             for request in ended:
                 request.out.put(stopped)
             raise
 
     def _schedule(self) -> None:
-        """Between steps admit waiting requests (batch_admission.py), then run one step (batch_step.py), until
-        the engine stops."""
+        """Between steps admit waiting requests and plan this step's prompt chunks (batch_admission.py), then run
+        one step (batch_step.py), until the engine stops."""
         while self._wait_for_work():
-            group = self._admit()
+            self._admit()
             self._reap_cancelled()
-            # Short prompt rests ride the step's ragged-rows call as rows of their own: one weight read for the
-            # step and the admissions, so requests that finish out of step (speculation, EOS, arrivals) cost
-            # their prompt tokens, not a call each. A long one is prefilled first in a call of its own.
-            riding = self._rides_step(group)
-            self._prefill_all([r for r in group if r not in riding])
-            riding = self._open_all(riding)
+            # Prompt chunks ride the step's ragged-rows call as rows of their own: one weight read for the step and
+            # the prefills, the running requests still get their token each step while a burst (or a long prompt)
+            # is prefilled, and a prompt costs its tokens, not a call of its own.
+            riding = self._prefill_apart(self._plan_chunks())
             self._reap_cancelled()
+            riding = [r for r in riding if r.holds_slot]
             if self._running or riding:
                 # An error that no single request's guard caught (planning, drafting) ends this step's requests.
                 self._guarded_all(self._running + riding, lambda: self._step(riding))
-            self._admitting = []
-        for request in list(self._waiting) + self._running:
+        for request in list(self._waiting) + self._prefilling + self._running:
             request.end()
             self._release(request)
 
     def _reap_cancelled(self) -> None:
-        """End the running requests cancelled since the last look (their slots freed, their streams told), and
-        keep running only those that hold a slot (a finished or failed request gave its slot back already)."""
-        for request in self._running:
+        """End the running and prefilling requests cancelled since the last look (their slots freed, their streams
+        told), and keep only those that hold a slot (a finished or failed request gave its slot back already)."""
+        for request in self._prefilling + self._running:
             if request.holds_slot and request.cancelled.is_set():
                 self._release(request)  # first: the consumer reads the counters once it has the end
                 request.end()
+        self._prefilling = [r for r in self._prefilling if r.holds_slot]
         self._running = [r for r in self._running if r.holds_slot]
 
     def _deliver(self, request: BatchRequest, iteration: Iteration) -> None:

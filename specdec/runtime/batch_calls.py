@@ -3,7 +3,7 @@
 Every path returns each row's logits as a RowLogits (the request, its logits rows, the seconds auto's
 t(n) may learn from), so the step commits them the same way whichever call made them:
 - `ragged`: ONE call of the artifact's ragged-rows graph over every running request's last token and
-  drafts (specdec/exporter/ragged_rows.py), which can also prefill just-admitted requests;
+  drafts (specdec/exporter/ragged_rows.py), which can also prefill chunks of admitted requests' prompts;
 - `batched`: the batched decode call, one token per row, where no row of it speculates;
 - `verify`: a speculating request's batch-1 call, as the single loop makes (an artifact without a
   ragged-rows graph, or a slot beyond its rows).
@@ -23,7 +23,7 @@ from specdec.models.errors import GenerationError
 from specdec.runtime.batch_plan import BatchCallCosts
 from specdec.runtime.batch_request import BatchRequest
 from specdec.runtime.engine import Engine
-from specdec.runtime.loop import prompt_rest, verify_call
+from specdec.runtime.loop import verify_call
 from specdec.runtime.slots import SlotArena
 
 _CALIBRATION_ROWS = (1, 2, 4, 8, 16)
@@ -41,16 +41,16 @@ class RowLogits:
 
 @dataclass(frozen=True)
 class PromptLogits:
-    """One just-admitted request's prompt, prefilled in a shared call."""
+    """One admitted request's prompt chunk (`request.chunk`), prefilled in a shared call."""
 
     request: BatchRequest
-    last_logits: np.ndarray  # [vocab] the prompt's last row
+    last_logits: np.ndarray  # [vocab] the chunk's last row (the prompt's, after its last chunk)
     seconds: float  # its share of the call
 
 
 @dataclass(frozen=True)
 class RaggedCall:
-    """What one ragged-rows call returned: the running requests' rows, the admitted prompts', its tokens."""
+    """What one ragged-rows call returned: the running requests' rows, the prompt chunks', its tokens."""
 
     rows: list[RowLogits]
     prompts: list[PromptLogits]
@@ -93,10 +93,10 @@ class TargetCalls:
 
     def ragged(self, running: list[BatchRequest], admitted: list[BatchRequest] = ()) -> RaggedCall:
         """Score every running request's last token and drafts (`row.proposal`) in ONE ragged-rows call, which
-        also prefills `admitted` requests (each row its prompt's rest); a draft head's request gets its rows'
-        hidden states (`state.states`)."""
+        also prefills the `admitted` requests' prompt chunks (each row its `chunk`); a draft head's request gets
+        its rows' hidden states (`state.states`)."""
         fed = {r.slot: (r.cache, [r.state.context[-1]] + r.row.proposal.tokens) for r in running}
-        fed.update({r.slot: (r.cache, prompt_rest(r.state, r.cache)) for r in admitted})
+        fed.update({r.slot: (r.cache, r.chunk) for r in admitted})
         caches, rows, lengths = self.arena.ragged_rows(fed)  # a free slot's row takes no token
         greedy = all(r.raw_argmax for r in [*running, *admitted])
         heads = [r for r in running if r.hidden]
@@ -126,8 +126,8 @@ class TargetCalls:
         self._ragged_shapes.add(tokens)
 
     def ragged_prefill(self, group: list[BatchRequest]) -> list[PromptLogits]:
-        """Prefill the requests that just took slots in ONE ragged-rows call, each row its prompt's rest."""
-        fed = {r.slot: (r.cache, prompt_rest(r.state, r.cache)) for r in group}
+        """Prefill admitted requests' prompt chunks in ONE ragged-rows call, each row its request's `chunk`."""
+        fed = {r.slot: (r.cache, r.chunk) for r in group}
         caches, rows, lengths = self.arena.ragged_rows(fed)  # running requests' slots take no token
         start = time.perf_counter()
         logits = self.engine.target.forward_ragged(self.arena.ragged_binding(), caches, rows, lengths,

@@ -61,6 +61,12 @@ class BatchRequest:
     record: DraftRecord = field(default_factory=DraftRecord)  # its drafts' outcomes, for the batch plan
     shadows: list[ShadowDraft] = field(default_factory=list)  # lookups the plan left unverified, not settled yet
     row: RowPlan = field(default_factory=RowPlan)  # this step's plan and drafts
+    # While its prompt is prefilled (batch_admission.py): this step's prompt tokens, the calls' time so far, the
+    # hidden rows of its pieces so far (a draft head's), and whether it waits to copy what an older one prefills.
+    chunk: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    prefill_states: list = field(default_factory=list)
+    awaits_copy: bool = False
 
     @property
     def state(self) -> DecodeState:
@@ -103,11 +109,6 @@ class BatchRequest:
     def slot(self) -> int:
         """Return its KV slot's index (it must hold one)."""
         return self.cache.slot
-
-    @property
-    def rest_tokens(self) -> int:
-        """Return how many prompt tokens its prefill feeds: those its slot does not hold already."""
-        return len(self.prompt_ids) - self.cache.length
 
     def choose_k(self, k: int) -> None:
         """Set this step's K; drafts prompt lookup found that the plan leaves unverified become a shadow, followed

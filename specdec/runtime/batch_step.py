@@ -36,17 +36,17 @@ class BatchStep:
 
     Reads the engine's running requests (`_running`), its target calls (`calls`), its draft rounds
     (`drafting`), its slots (`arena`) and its guards (`_guarded`, `_guarded_all`, `_deliver`,
-    `_start_from`, `_reap_cancelled`).
+    `_chunk_fed`, `_reap_cancelled`).
     """
 
     def _step(self, admitted: list[BatchRequest] = ()) -> None:
-        """Advance every running request by one target call; `admitted` requests (just opened) are prefilled in
-        the same call, a ragged-rows one, and join the running ones."""
+        """Advance every running request by one target call; the `admitted` requests' prompt chunks (`chunk`) ride
+        the same call, a ragged-rows one, and those whose prompt they end join the running ones."""
         start = time.perf_counter()  # a step's cost is all of it (planning, drafting, commits), not the call alone
         running = list(self._running)
         admitted = list(admitted)
         self._plan_rows(running, asked=bool(admitted) or not self._drafts_cannot_pay(running))
-        for request, k in zip(running, self._draft_lengths(running, sum(r.rest_tokens for r in admitted))):
+        for request, k in zip(running, self._draft_lengths(running, sum(len(r.chunk) for r in admitted))):
             request.choose_k(k)
         self.drafting.draft_all(running)
         self._constrain_rows(running)
@@ -74,7 +74,7 @@ class BatchStep:
 
     def _draft_lengths(self, running: list[BatchRequest], prompt_tokens: int = 0) -> list[int]:
         """Return each request's K this step: the drafts its row offers, unless the batch serves more tokens per
-        second without them. `prompt_tokens` of admitted prompts ride the step's call (a ragged-rows one then)."""
+        second without them. `prompt_tokens` of prompt chunks ride the step's call (a ragged-rows one then)."""
         ks = [r.row.offered for r in running]
         if len(running) == 1:
             return ks  # alone: exactly the single-request loop's choice
@@ -131,7 +131,7 @@ class BatchStep:
                                                self.calls.verify_seconds())
 
     def _score_and_commit(self, running: list[BatchRequest], admitted: list[BatchRequest], start: float) -> None:
-        """Make the step's target call and commit every row: one ragged-rows call where admitted prompts ride it or
+        """Make the step's target call and commit every row: one ragged-rows call where prompt chunks ride it or
         rows share it; else a batched decode call for the rows without drafts, a verify call for each other."""
         heads = any(r.hidden for r in running)  # their drafter reads every step's hidden rows
         if admitted or (self.calls.ragged_mode(running) and (
@@ -149,15 +149,14 @@ class BatchStep:
                 self._guarded(request, lambda r: self._commit_row(self.calls.verify(r)))
 
     def _ragged_step(self, running: list[BatchRequest], admitted: list[BatchRequest], start: float) -> None:
-        """Score every row (and prefill `admitted`) in ONE ragged-rows call, then commit each and start the
-        admitted; an error in the call ends all of them."""
+        """Score every row (and prefill the `admitted` requests' chunks) in ONE ragged-rows call, then commit each
+        and start the admitted whose prompt that chunk ended; an error in the call ends all of them."""
         def call_and_commit() -> None:
             call = self.calls.ragged(running, admitted)
             for row in call.rows:
                 self._guarded(row.request, lambda r, row=row: self._commit_row(row))
             for prompt in call.prompts:
-                self.prefills_in_steps += 1
-                self._start_from(prompt.request, prompt.last_logits, prompt.seconds)
+                self.prefills_in_steps += self._chunk_fed(prompt.request, prompt.last_logits, prompt.seconds)
             self.calls.observe_ragged(call.tokens, start)
 
         self._guarded_all([*running, *admitted], call_and_commit)

@@ -20,6 +20,7 @@ import numpy as np
 from specdec.models.errors import GenerationError
 from specdec.runtime.kv_cache import KVCache, KVView
 from specdec.runtime.providers import ort
+from specdec.runtime.batch_chunks import prefill_start
 from specdec.runtime.session import CallBinding, ModelSession
 
 HOST_DEVICES = ("cpu",)  # where the arena's buffers are numpy arrays (prefix copies between slots need them)
@@ -31,6 +32,9 @@ class SlotCache(KVCache):
 
     slot: int = -1
     kept_ids: tuple[int, ...] = ()  # the last request's tokens, whose KV stays valid in the row while it is free
+    # Leading positions of its tokens (or kept ones) whose KV a fresh chunked prefill of them computes bit for bit
+    # alike: those a prefill wrote in rows of 2+ tokens (SlotArena.prefilled), not a lone row or a 1-token step's.
+    exact: int = 0
     released: int = 0  # when it was last given back (the arena's count of releases)
 
     def reserve(self, positions: int) -> None:
@@ -49,7 +53,8 @@ class SlotCache(KVCache):
 class SlotArena:
     """`slots` KV slots of `capacity` positions for one shared-buffer model session, on its device."""
 
-    def __init__(self, session: ModelSession, slots: int, capacity: int, keep_prefixes: bool = False):
+    def __init__(self, session: ModelSession, slots: int, capacity: int, keep_prefixes: bool = False,
+                 exact_prefixes: bool = False):
         if not session.shared_kv:
             raise GenerationError("this artifact's target graph returns a new KV cache every call (concat: "
                                   "--no-shared-kv, or a family without a shared buffer); the batch engine needs "
@@ -67,6 +72,11 @@ class SlotArena:
         self.slots = slots
         # A free slot keeps its last request's KV for the prefix cache; else its row attends over nothing.
         self.keep_prefixes = keep_prefixes
+        # With `exact_prefixes` (the target's slots, prefilled in aligned chunks: batch_chunks.py) a prompt reuses
+        # only positions a fresh prefill of it computes alike (SlotCache.exact), never a lone query row's. A graph
+        # whose attention never runs on one query row (int4, --exact-steps) computes every position alike, decoded
+        # ones included, and so does not limit. A draft's slots reuse any position (drafts never change the text).
+        self.limits_reuse = exact_prefixes and not spec.attention_pad_rows
         # Requests stay below the last position (a check against the fixed capacity, kept from when parked rows
         # wrote there; they now write just past what their slot holds: idle_length).
         self.capacity = min(capacity, spec.max_positions)
@@ -137,7 +147,7 @@ class SlotArena:
         first such slot among equals, (None, 0) where none shares a token. Call with the lock held."""
         best, shared = None, 0
         for slot in slots:
-            common = common_prefix(_valid_ids(self._caches[slot]), prompt_ids)
+            common = common_prefix(self._reusable_ids(self._caches[slot]), prompt_ids)
             if common > shared:
                 best, shared = slot, common
         return best, shared
@@ -158,8 +168,9 @@ class SlotArena:
 
         Without `prompt_ids` (or no slot sharing `min_prefix` tokens with it), the lowest free slot,
         empty. With them, the free slot whose last request shares the longest prefix with the prompt: its
-        cache then already holds that prefix (all of the prompt but its last token at most), which the
-        prefill skips; but an empty slot where that prefix is under half the prompt and the slot holds more.
+        cache then already holds that prefix (up to where the prefill starts: batch_chunks.prefill_start),
+        which the prefill skips; but an empty slot where that prefix is under half the prompt and the slot
+        holds more. Only positions a fresh prefill computes alike count (`exact_prefixes`).
         Where a running request's context (or a free slot's outside the window) shares `min_prefix` more
         tokens (a system prompt or a document many requests start with), those positions are copied into the
         free slot instead of prefilled (on the CPU).
@@ -173,16 +184,17 @@ class SlotArena:
             # Copied from: a running request's context, or what a free slot outside the window kept.
             source, copied = (self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s not in free])
                               if prompt_ids and self.copies_prefixes else (None, 0))
-            empty = [s for s in free if not self._caches[s].kept_ids]
+            empty = [s for s in free if not self._reusable_ids(self._caches[s])]
             # Reusing under half the prompt (a shared system prompt) would cut a longer cached context short:
             # an empty slot costs only those few tokens' prefill (or their copy).
             if best is None or shared < min_prefix or copied >= shared + min_prefix or (
-                    empty and 2 * shared < len(prompt_ids) and len(self._caches[best].kept_ids) > shared):
+                    empty and 2 * shared < len(prompt_ids) and len(self._reusable_ids(self._caches[best])) > shared):
                 shared = 0
                 # Keep the cached prefixes most likely to be asked for again: an empty slot, else one whose
                 # prefix another slot holds too, else the one given back longest ago. Without a prompt, the
                 # lowest slot (the batched calls' rows stay few).
-                best = min(free, key=lambda s: (self._holds_only_copy(s, min_prefix), bool(self._caches[s].kept_ids),
+                best = min(free, key=lambda s: (self._holds_only_copy(s, min_prefix),
+                                                bool(self._reusable_ids(self._caches[s])),
                                                 self._caches[s].released)) if prompt_ids else free[0]
             if self.keep_prefixes:
                 self._stash(best, window, shared, min_prefix)
@@ -191,9 +203,46 @@ class SlotArena:
         cache = self._caches[best]
         cache.kept_ids = ()  # from now on its positions are the new request's
         if not shared and source is not None and copied >= min_prefix:
-            shared = self._copy_prefix(source, best, min(copied, len(prompt_ids) - 1))
-        cache.token_ids = list(prompt_ids[:min(shared, len(prompt_ids) - 1)]) if shared else []
+            shared = self._copy_prefix(source, best, self._start(prompt_ids, copied))
+        shared = self._start(prompt_ids, shared) if shared else 0
+        cache.token_ids = list(prompt_ids[:shared]) if shared else []
+        cache.exact = shared
         return cache
+
+    def extend(self, cache: SlotCache, prompt_ids: list[int], min_prefix: int = MIN_PREFIX) -> int:
+        """Copy more of a prompt into `cache` (its request's, prefilling it) from another slot, where one holds at
+        least `min_prefix` more of its positions (an older request prefilled them meanwhile; on the CPU); return
+        the positions copied."""
+        if not self.copies_prefixes:
+            return 0
+        with self._lock:
+            source, shared = self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s != cache.slot])
+        start = self._start(prompt_ids, shared)
+        held = cache.length
+        if source is None or start < held + min_prefix:
+            return 0
+        self._copy_positions(source, cache.slot, start, held)
+        self.prefix_copies += 1
+        cache.token_ids = list(prompt_ids[:start])
+        cache.exact = start
+        return start - held
+
+    def prefilled(self, cache: SlotCache, rows: int) -> None:
+        """Note that a prefill just wrote `rows` positions at the end of `cache`: a later prompt may reuse them,
+        unless they were one lone query row (SlotCache.exact)."""
+        if rows > 1 and cache.exact == cache.length - rows:
+            cache.exact = cache.length
+
+    def _start(self, prompt_ids: list[int], reusable: int) -> int:
+        """Return where the prompt's prefill starts when `reusable` of its positions could be reused
+        (batch_chunks.prefill_start)."""
+        return prefill_start(reusable, len(prompt_ids), self.limits_reuse)
+
+    def _reusable_ids(self, cache: SlotCache) -> list[int] | tuple[int, ...]:
+        """Return the tokens whose KV a slot holds for a later prompt: its running request's, else what its last
+        request left; only the leading `exact` ones where reuse is limited to them."""
+        ids = cache.token_ids or cache.kept_ids
+        return ids[:cache.exact] if self.limits_reuse else ids
 
     def _copy_prefix(self, source: int, slot: int, positions: int) -> int:
         """Copy a prompt's first `positions` from slot `source` into slot `slot`; return `positions`."""
@@ -201,20 +250,20 @@ class SlotArena:
         self.prefix_copies += 1
         return positions
 
-    def _copy_positions(self, source: int, slot: int, positions: int) -> None:
-        """Copy the first `positions` of every KV buffer from slot `source` to slot `slot`."""
+    def _copy_positions(self, source: int, slot: int, positions: int, first: int = 0) -> None:
+        """Copy positions first..positions-1 of every KV buffer from slot `source` to slot `slot`."""
         for buffer in self.host_buffers:
-            buffer[slot, :, :positions] = buffer[source, :, :positions]
+            buffer[slot, :, first:positions] = buffer[source, :, first:positions]
 
     def _holds_only_copy(self, slot: int, slack: int) -> bool:
         """Return whether slot `slot` keeps a prefix no other slot holds (all of it but `slack` last tokens at
         most). Call with the lock held."""
-        kept = self._caches[slot].kept_ids
+        kept = tuple(self._reusable_ids(self._caches[slot]))
         need = len(kept) - slack
         if need < 1:
             return False
         head = kept[:need]
-        return not any(other != slot and tuple(_valid_ids(self._caches[other])[:need]) == head
+        return not any(other != slot and tuple(self._reusable_ids(self._caches[other])[:need]) == head
                        for other in range(self.slots))
 
     def _stash(self, slot: int, window: int, shared: int, min_prefix: int) -> None:
@@ -224,18 +273,19 @@ class SlotArena:
         it. Slots above the window take no new requests under a light load (`BatchEngine._slot_window`); this
         keeps them useful. Call with the lock held."""
         victim = self._caches[slot]
-        if not self.copies_prefixes or 2 * shared >= len(victim.kept_ids) or len(victim.kept_ids) < min_prefix or \
+        kept = len(self._reusable_ids(victim))
+        if not self.copies_prefixes or 2 * shared >= kept or kept < min_prefix or \
                 not self._holds_only_copy(slot, min_prefix):
             return
         spares = [s for s in self._free if s >= window and s != slot]
         if not spares:
             return
-        spare = min(spares, key=lambda s: (bool(self._caches[s].kept_ids), self._caches[s].released))
+        spare = min(spares, key=lambda s: (bool(self._reusable_ids(self._caches[s])), self._caches[s].released))
         held = self._caches[spare]
-        if held.kept_ids and held.released > victim.released:
+        if self._reusable_ids(held) and held.released > victim.released:
             return  # every spare keeps a prefix given back more recently than this one
-        self._copy_positions(slot, spare, len(victim.kept_ids))
-        held.kept_ids, held.released = victim.kept_ids, victim.released
+        self._copy_positions(slot, spare, kept)
+        held.kept_ids, held.released, held.exact = victim.kept_ids, victim.released, victim.exact
         self.prefix_stashes += 1
 
     def ragged_rows(self, fed: dict[int, tuple[KVCache, list[int]]]
@@ -328,11 +378,6 @@ class SlotArena:
         cache = self._caches[slot]
         # a graph with an attention pad also writes one throwaway position after the token
         return min(max(cache.length, len(cache.kept_ids)), self.parked_position - self.session.spec.attention_pad_rows)
-
-
-def _valid_ids(cache: SlotCache) -> list[int] | tuple[int, ...]:
-    """Return the tokens whose KV a slot holds: its running request's, else what its last request left."""
-    return cache.token_ids or cache.kept_ids
 
 
 def common_prefix(kept: tuple[int, ...] | list[int], prompt: list[int]) -> int:

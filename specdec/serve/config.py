@@ -38,7 +38,11 @@ class ServeConfig:
     # kv_capacity positions; 1: each generation runs alone on its own thread (max_concurrency of them).
     max_batch: int = 1
     kv_capacity: int = 1024
-    prefix_cache: bool = False  # batch engine: reuse a finished request's KV for a prompt that starts alike
+    # batch engine: a prompt that starts as a slot's context did skips those positions (only those a fresh prefill
+    # computes bit for bit alike, so the output is the same without it)
+    prefix_cache: bool = True
+    # batch engine: prompt tokens prefilled per step, riding the running requests' call (BatchEngine's default)
+    prefill_budget: int = 256
     max_queue: int = 16  # requests waiting for a slot; one more gets 429 + Retry-After
     request_timeout: float = 300.0  # seconds from arrival (queue included) until a request is cut off
     max_tokens_default: int = 256  # max_tokens when the request sets none
@@ -68,6 +72,8 @@ class ServeConfig:
             raise SpecdecError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.kv_capacity < 16:
             raise SpecdecError(f"kv_capacity must be >= 16 positions, got {self.kv_capacity}")
+        if self.prefill_budget < 1:
+            raise SpecdecError(f"prefill_budget must be >= 1 prompt token a step, got {self.prefill_budget}")
         if self.max_body_bytes < 1024:
             raise SpecdecError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if any(not key or key != key.strip() for key in self.api_keys):

@@ -11,6 +11,7 @@ import pytest
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.batch import BatchEngine
+from specdec.runtime.batch_chunks import PREFILL_CHUNK
 from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, DraftRecord, ShadowDraft,
                                         choose_draft_lengths_ragged, choose_speculating, drafts_cannot_pay)
 from specdec.runtime.engine import Engine, GenerationConfig
@@ -329,8 +330,9 @@ def test_only_a_k_the_request_set_itself_is_kept_under_load(engine):
 
 
 def test_the_prefix_cache_skips_what_a_finished_request_left_in_its_slot(engine, monkeypatch):
-    """The same prompt again: its prefill feeds one token, on the slot the first run left; a prompt that
-    shares nothing takes a fresh slot; the text stays the target-only one here (tiny model, no near-tie)."""
+    """The same prompt again: its prefill feeds two tokens (a lone last one would take attention's 1-row kernel,
+    which rounds otherwise), on the slot the first run left; a prompt that shares nothing takes a fresh slot; the
+    text stays the target-only one here (tiny model, no near-tie)."""
     prompt = engine.prompt_ids("one, two, three, one, two, three, one, two, three, four")
     config = GenerationConfig(max_new_tokens=12, drafter="none")
     reference = engine.generate(prompt, config).token_ids
@@ -341,18 +343,18 @@ def test_the_prefix_cache_skips_what_a_finished_request_left_in_its_slot(engine,
         assert fed[0] == len(prompt) and batch.prefix_tokens_reused == 0
         fed.clear()
         assert batch.generate(prompt, config).token_ids == reference
-        assert fed[0] == 1 and batch.prefix_tokens_reused == len(prompt) - 1
+        assert fed[0] == 2 and batch.prefix_tokens_reused == len(prompt) - 2
         other = engine.prompt_ids("zz top")
         fed.clear()
         batch.generate(other, config)
         assert fed[0] == len(other)
         fed.clear()  # the other prompt took the empty slot: the first prompt's prefix is still there
-        assert batch.generate(prompt, config).token_ids == reference and fed[0] == 1
+        assert batch.generate(prompt, config).token_ids == reference and fed[0] == 2
         # a prompt sharing 16+ tokens, under half of it, with the first: no empty slot left, it reuses them
         longer = prompt[:16] + engine.prompt_ids(" and then something else entirely, at some length" * 2)
         fed.clear()
         batch.generate(longer, config)
-        assert fed[0] == len(longer) - 16
+        assert fed[:2] == [PREFILL_CHUNK - 16, len(longer) - PREFILL_CHUNK]  # the rest, in aligned chunks
     finally:
         batch.shutdown()
 
@@ -448,10 +450,10 @@ def test_a_prompt_sharing_only_a_short_prefix_takes_an_empty_slot_over_a_longer_
         batch.generate(prompt, config)
         fed.clear()
         batch.generate(longer, config)
-        assert fed[0] == len(longer)  # an empty slot: the 16 shared tokens prefilled again
+        assert fed[:2] == [PREFILL_CHUNK, len(longer) - PREFILL_CHUNK]  # an empty slot: all of it prefilled again
         fed.clear()
         batch.generate(prompt, config)
-        assert fed[0] == 1  # the first conversation's cache was left whole
+        assert fed[0] == 2  # the first conversation's cache was left whole
     finally:
         batch.shutdown()
 
@@ -645,8 +647,7 @@ def test_requests_admitted_while_others_run_are_prefilled_in_their_step_and_each
                                                                                                   monkeypatch):
     """Requests arriving while others decode take no call of their own: their prompts ride the running
     requests' next step (a ragged-rows call), and greedy, speculating and seeded sampled texts on both sides
-    equal each prompt's own. A prompt longer than LONG_CALL_ROWS is prefilled in a call of its own (the last
-    row's logits only), before that step."""
+    equal each prompt's own. A prompt longer than LONG_CALL_ROWS rides too (in aligned chunks)."""
     from specdec.runtime.session import LONG_CALL_ROWS
 
     running = [GenerationConfig(max_new_tokens=40, drafter="none"),
@@ -671,8 +672,8 @@ def test_requests_admitted_while_others_run_are_prefilled_in_their_step_and_each
     finally:
         batch.shutdown()
     assert [r.token_ids for r in results] == alone
-    assert batch.prefills_in_steps == 2 and batch.ragged_prefills == prefills
-    assert [n for n in fed if n > LONG_CALL_ROWS] == [len(long_prompt)]  # the long one: a prefill of its own
+    assert batch.prefills_in_steps == 3 and batch.ragged_prefills == prefills
+    assert [n for n in fed if n > LONG_CALL_ROWS] == []  # the long one: no prefill of its own
 
 
 def test_in_a_burst_a_prompt_that_starts_like_another_waits_to_copy_its_prefix(engine):
@@ -794,8 +795,8 @@ def test_with_the_prefix_cache_a_waiting_prompt_that_matches_the_freed_slot_goes
             monkeypatch.undo()
             batch.shutdown()
         assert all(results)
-        # fed: the prefills, in admission order. With the cache: A (one token: its slot kept it) before B
-        assert fed[0] == (1 if keep else len(b)), (keep, fed)
+        # fed: the prefills, in admission order. With the cache: A (two tokens: its slot kept it) before B
+        assert fed[0] == (2 if keep else len(b)), (keep, fed)
 
 
 
@@ -934,7 +935,7 @@ def test_a_light_load_cycling_through_more_prompts_than_slots_below_the_window_r
     finally:
         batch.shutdown()
     assert first == reference and second == reference
-    # every prompt of the second pass found its prefix (all of it but the last token, which the prefill feeds):
-    # in its slot, or copied back from above the window; a prompt shorter than MIN_PREFIX is prefilled anyway
-    assert batch.prefix_tokens_reused - reused == sum(len(p) - 1 for p in prompts if len(p) > MIN_PREFIX)
+    # every prompt of the second pass found its prefix (all of it but the last two tokens, which the prefill
+    # feeds): in its slot, or copied back from above the window; a prompt shorter than MIN_PREFIX is prefilled anyway
+    assert batch.prefix_tokens_reused - reused == sum(len(p) - 2 for p in prompts if len(p) > MIN_PREFIX)
     assert batch.arena.prefix_stashes > 0
