@@ -105,3 +105,16 @@ def test_max_batch_auto_is_twice_the_ragged_rows_or_those_rows_where_every_step_
         result = CliRunner().invoke(main, ["serve", str(serve_artifact), "--max-batch", bad])
         assert result.exit_code == 2 and "must be a whole number >= 1 or 'auto'" in result.output
         assert "Traceback" not in result.output
+
+
+def test_the_prefill_budget_reaches_the_batch_engine(tiny_artifacts):
+    from specdec.runtime import Engine
+    from specdec.serve import ServeConfig
+    from specdec.serve.app import ServerState
+
+    engine = Engine.load(tiny_artifacts["llama"], provider="cpu", threads=1)
+    state = ServerState(ServeConfig(artifact=str(tiny_artifacts["llama"]), max_batch=2, prefill_budget=96), engine)
+    try:
+        assert state.batch.prefill_budget == 96 and state.batch.prefix_cache
+    finally:
+        state.batch.shutdown()
