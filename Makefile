@@ -159,7 +159,7 @@ anchors-serve: $(LLAMA_SERVER) $(VLLM_VENV)/.installed $(HF_FOLDER)/config.json
 bench-bound: $(STAMP) $(ARTIFACT)/specdec.json
 	$(BIN)/python -m specdec.benchmarks.batch_bound $(ARTIFACT) --lanes 2,4,8 --threads 2
 
-# 3 rounds a cell (run W): on a 2-core box one cell's rounds differ by up to 1.3x, so 2 rounds misread ratios.
+# 3 rounds a cell: on a 2-core box one cell's rounds differ by up to 1.3x, so 2 rounds misread ratios.
 bench-serve: $(STAMP) $(ARTIFACT)/specdec.json anchors-serve
 	$(BIN)/python tools/bench_serve.py --artifact $(ARTIFACT) --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
 		--llama-server $(LLAMA_SERVER) --vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --threads 2 \

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 # Idle seconds before each side's timed work when specdec and an anchor take turns: a call that
 # starts within ~10 ms of the other process's runs ~9% slower (that process's onnxruntime threads
-# still spin-wait on the two cores), 50 ms later it does not (docs/FAIR_ANCHORS.md, round 11);
+# still spin-wait on the two cores), 50 ms later it does not (docs/FAIR_ANCHORS.md, "Keeping the comparison fair");
 # without the pause whoever went second paid, and paired ratios fell in two clusters.
 SETTLE_SECONDS = 0.1
 

@@ -120,7 +120,7 @@ def _measure_k(engine: Engine, prompts: Sequence[PromptCase], base: GenerationCo
 
 LONG_CALL_ROUNDS = 5
 # Below this prefill ratio the long-call kernel is worth its Ifs, which every call pays (~0.5 ms a SmolLM2
-# step on 2 cores): a Xeon read 0.87-0.91x, an AMD EPYC 0.97-1.00x (docs/FAIR_ANCHORS.md, rounds 6-11).
+# step on 2 cores): a Xeon read 0.87-0.91x, an AMD EPYC 0.97-1.00x (docs/FAIR_ANCHORS.md, "The long-call kernel depends on the CPU").
 LONG_CALL_WORTH = 0.95
 
 

@@ -353,7 +353,7 @@ def _bench_steps(artifact, compare, genai_python, genai_model, repeats, provider
     figures: list[dict] = []
     with contextlib.ExitStack() as stack:
         # Started first: genai's process holds its model while specdec's cells are timed, as specdec's
-        # holds its graphs while genai's are (docs/FAIR_ANCHORS.md, round 3).
+        # holds its graphs while genai's are (docs/FAIR_ANCHORS.md, "Keeping the comparison fair").
         genai = stack.enter_context(GenaiWorker(genai_python, genai_model, genai_options)) if genai_python else None
         tokens = np.random.default_rng(0).integers(100, 40000, size=max(PAST_LENGTHS) + max(NEW_TOKENS)).tolist()
         for number in range(rounds):

@@ -69,7 +69,7 @@ def distill(artifact: Path, minutes: float, seed: int, resume: bool, prompts: in
     held-out prompts, and written into the artifact atomically. `specdec generate ARTIFACT
     --drafter eagle` (the artifact's new default drafter) then uses it. Needs the export extra.
     """
-    # OpenMP threads spinning at barriers collapse PyTorch on a shared CPU (docs/DISTILL.md, data throughput);
+    # OpenMP threads spinning at barriers collapse PyTorch on a shared CPU (docs/DISTILL.md, "Why these defaults");
     # libgomp reads this when torch is first imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from specdec.exporter.distill.pipeline import DistillConfig, run_distill

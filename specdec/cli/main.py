@@ -73,7 +73,7 @@ def main() -> None:
                    "tokens (prefills) to onnxruntime's causal kernel, shorter ones to its flash kernel. On an "
                    "Intel Xeon (AVX-512) it took 9-13% off a 285-token prefill; on an AMD EPYC (AVX2) the prefill "
                    "is level and every step pays ~0.5 ms for the Ifs (decode ~3.7% slower): off there "
-                   "(docs/FAIR_ANCHORS.md, rounds 6-11).")
+                   "(docs/FAIR_ANCHORS.md, 'The long-call kernel depends on the CPU').")
 @click.option("--batch-rows", type=click.IntRange(min=0), default=8, show_default=True,
               help="fp32 targets with a shared KV buffer: also write a graph that takes this many sequences of any "
                    "token counts in one call, so `specdec serve --max-batch` of the same number verifies several "

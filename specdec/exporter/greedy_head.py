@@ -1,7 +1,7 @@
 """A greedy path that reads an int8 copy of the LM head and still picks the fp32 head's argmax.
 
 A 1-token fp32 step on SmolLM2-135M reads ~540 MB of weights, 113 MB of them the LM head
-(576 x 49,152); the same graph without it steps in 14.5 ms against 17.5 (docs/FAIR_ANCHORS.md).
+(576 x 49,152); the same graph without it steps in 14.5 ms against 17.5 (docs/DESIGN.md, "Greedy calls through an 8-bit LM head").
 Greedy decoding only needs the head's argmax. The exporter gives the target graph a second,
 8-bit head (MatMulNBits, accuracy level 4: ~28 MB, ~1.1 ms a row on 2 cores) beside its fp32
 one, each reading the kept rows from an index given as an input:

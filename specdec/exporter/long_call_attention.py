@@ -18,7 +18,7 @@ longer than any verify call (`specdec/runtime/session.py`, `LONG_CALL_ROWS`), so
 causal kernel and steps and verify calls keep the kernel they had: speculative greedy output is
 unchanged, since target-only and speculative decoding prefill the same prompt alike.
 The Ifs cost every call ~0.5 ms on SmolLM2 (30 of them; 0.4-2.9% of a step), against ~70 ms
-saved in a 285-token prefill (docs/FAIR_ANCHORS.md, round 6).
+saved in a 285-token prefill (docs/FAIR_ANCHORS.md, "The long-call kernel depends on the CPU").
 """
 
 from __future__ import annotations

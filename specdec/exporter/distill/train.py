@@ -28,7 +28,7 @@ class TrainSettings:
     """How the head is trained; every field is recorded in the manifest."""
 
     batch_size: int = 8
-    # lr, ce_weight and schedule from an A/B at equal steps on run 8's data (docs/DISTILL.md, run 10):
+    # lr, ce_weight and schedule from an A/B at equal steps on one data set (docs/DISTILL.md, "Why these defaults"):
     # 0.463 against the issue probe's recipe's 0.429 (lr 1e-3, ce 0.1, constant) at 450 steps.
     lr: float = 2e-3
     weight_decay: float = 0.0
