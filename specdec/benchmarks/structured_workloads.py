@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from specdec.data import PROMPTS_FILE
-from specdec.models.errors import SpecdecError
-from specdec.runtime.prompts import PromptCase
+from specdec.runtime.prompts import PromptCase, read_json_lines
 
 STRUCTURED_FILE = PROMPTS_FILE.with_name("structured-heldout.jsonl")  # shipped beside the prompt sets
 WORKLOADS = ("extract", "tools", "edit")
@@ -56,20 +55,7 @@ class StructuredItem:
 
 def load_items(path: str | Path = STRUCTURED_FILE) -> list[StructuredItem]:
     """Return the items of a structured-workload JSON-lines file; raise SpecdecError naming the first bad line."""
-    file = Path(path)
-    if not file.is_file():
-        raise SpecdecError(f"workload file '{file}' does not exist")
-    items = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            items.append(_item(json.loads(line)))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as err:
-            raise SpecdecError(f"{file}:{number}: {err}") from None
-    if not items:
-        raise SpecdecError(f"workload file '{file}' has no items")
-    return items
+    return read_json_lines(path, "workload", lambda row, number: _item(row))
 
 
 def _item(row: dict) -> StructuredItem:

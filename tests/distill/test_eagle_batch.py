@@ -17,7 +17,7 @@ from specdec.runtime.batch import BatchEngine
 from specdec.runtime.engine import Engine, GenerationConfig
 
 from tests.distill.test_eagle_runtime import _prompts
-from tests.runtime.test_batch import _burst, _concurrently, _taken_slots
+from tests.runtime.test_batch import _burst, _concurrently, _results_in_batch, _taken_slots
 
 
 @pytest.fixture(scope="module")
@@ -105,11 +105,7 @@ def test_head_requests_under_load_give_each_prompts_target_only_greedy_text(engi
     kinds = [dict(drafter="eagle", num_draft_tokens=3), dict(drafter="none"), dict(drafter="eagle", num_draft_tokens=1),
              dict(drafter="ngram+eagle", num_draft_tokens="auto")]
     configs = [GenerationConfig(max_new_tokens=24, **kinds[i % len(kinds)]) for i in range(clients)]
-    batch = BatchEngine(engine, max_batch=8, kv_capacity=256)
-    try:
-        results = _concurrently(batch, prompts, configs)
-    finally:
-        batch.shutdown()
+    results, batch = _results_in_batch(engine, prompts, configs, max_batch=8, kv_capacity=256)
     assert [r.token_ids for r in results] == reference
     assert batch.ragged_calls > 0 and batch.head_ragged_calls > 0  # target rows and head calls both shared
     heads = [r for r, c in zip(results, configs) if c.drafter == "eagle"]

@@ -31,6 +31,16 @@ def engine(tiny_close_artifacts, tiny_target_only_artifact):
     return Engine.load(tiny_close_artifacts["llama"], provider="cpu", threads=1)
 
 
+def _results_in_batch(engine, prompts, configs, run=None, **options):
+    """Return (each prompt's GenerationResult, the batch engine) of `run(batch, prompts, configs)` (default:
+    all submitted at once, each consumed on its own thread) in a BatchEngine(engine, **options), shut down after."""
+    batch = BatchEngine(engine, **options)
+    try:
+        return (run or _concurrently)(batch, prompts, configs), batch
+    finally:
+        batch.shutdown()
+
+
 def _concurrently(batch, prompts, configs):
     """Return the GenerationResults of all prompts submitted at once, each consumed on its own thread."""
     return _consumed([batch.stream(p, c) for p, c in zip(prompts, configs)])
@@ -72,11 +82,7 @@ def test_greedy_under_load_equals_each_prompts_own_target_only_output(engine, cl
              dict(drafter="model", num_draft_tokens=3), dict(drafter="ngram+model", num_draft_tokens="auto")]
     configs = [GenerationConfig(max_new_tokens=24, **kinds[i % len(kinds)]) for i in range(clients)]
     steps = []
-    batch = BatchEngine(engine, max_batch=max_batch, kv_capacity=128, on_step=steps.append)
-    try:
-        results = _concurrently(batch, prompts, configs)
-    finally:
-        batch.shutdown()
+    results, batch = _results_in_batch(engine, prompts, configs, max_batch=max_batch, kv_capacity=128, on_step=steps.append)
     assert [r.token_ids for r in results] == reference
     assert max(steps) >= 2, steps  # requests really shared calls
     assert sum(r.stats.accepted for r in results) > 0  # and some speculated
@@ -95,11 +101,7 @@ def test_seeded_sampled_requests_reproduce_under_load(engine, max_batch):
                for s, (d, k) in enumerate([("none", None), ("model", 2), ("none", None), ("model", 3)] * 2)]
     prompts = PROMPT_SET[:len(configs)]
     alone = [engine.generate(p, c).token_ids for p, c in zip(prompts, configs)]
-    batch = BatchEngine(engine, max_batch=max_batch, kv_capacity=128)
-    try:
-        results = _concurrently(batch, prompts, configs)
-    finally:
-        batch.shutdown()
+    results, batch = _results_in_batch(engine, prompts, configs, max_batch=max_batch, kv_capacity=128)
     assert [r.token_ids for r in results] == alone
     assert sum(r.stats.drafted for r in results) > 0
     if max_batch == 8:
@@ -633,11 +635,7 @@ def test_a_burst_of_arrivals_is_prefilled_in_one_ragged_call_and_each_text_is_it
     prompts = PROMPT_SET[:max_batch]
     reference = [engine.generate(p, GenerationConfig(max_new_tokens=12, drafter="none")).token_ids for p in prompts]
     configs = [GenerationConfig(max_new_tokens=12, drafter="ngram" if i % 2 else "none") for i in range(max_batch)]
-    batch = BatchEngine(engine, max_batch=max_batch, kv_capacity=128)
-    try:
-        results = _burst(batch, prompts, configs)
-    finally:
-        batch.shutdown()
+    results, batch = _results_in_batch(engine, prompts, configs, run=_burst, max_batch=max_batch, kv_capacity=128)
     assert [r.token_ids for r in results] == reference
     # the artifact's ragged graph has 8 rows: 4 slots prefill one request at a time
     assert batch.ragged_prefills == (max_batch == engine.target.spec.ragged_rows)

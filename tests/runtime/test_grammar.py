@@ -124,6 +124,12 @@ def _check_allowed_cuts(tokenizer, adapter, pad):
     assert _snapshot(state) == before
 
 
+def _fresh(tiny):
+    """Return (EOS id, adapter, VALID's tokens, a fresh state of PERSON) for a tokenizer fixture."""
+    tokenizer, eos, adapter = tiny
+    return eos, adapter, _encode(tokenizer, json.dumps(VALID)), _state(adapter)
+
+
 @pytest.mark.parametrize("pad", [0, 64])
 def test_allowed_cuts_at_the_invalid_draft_and_leaves_the_state(tiny, pad):
     tokenizer, _, adapter = tiny
@@ -131,9 +137,7 @@ def test_allowed_cuts_at_the_invalid_draft_and_leaves_the_state(tiny, pad):
 
 
 def test_allowed_with_no_drafts_and_an_eos_draft(tiny):
-    tokenizer, eos, adapter = tiny
-    valid = _encode(tokenizer, json.dumps(VALID))
-    state = _state(adapter)
+    eos, adapter, valid, state = _fresh(tiny)
     n, mask = state.allowed([])
     assert n == 0 and mask.shape == (1, adapter.vocab_size) and not mask[0, eos]
     state.advance(valid[:-1])
@@ -184,9 +188,7 @@ def test_advance_and_rollback_round_trip(tiny):
 
 
 def test_advance_refuses_what_the_grammar_refuses_and_keeps_the_state(tiny):
-    tokenizer, eos, adapter = tiny
-    valid = _encode(tokenizer, json.dumps(VALID))
-    state = _state(adapter)
+    eos, adapter, valid, state = _fresh(tiny)
     state.advance(valid[:3])
     before = _snapshot(state)
     bad = next(t for t in range(adapter.vocab_size) if not state.allowed([])[1][0, t])

@@ -78,7 +78,7 @@ def test_seeded_sampling_with_a_prediction_reproduces(engine):
 
 def test_greedy_text_with_predictions_under_8_clients_equals_each_prompts_own(tiny_close_artifacts):
     from specdec.runtime.batch import BatchEngine
-    from tests.runtime.test_batch import PROMPT_SET, _concurrently
+    from tests.runtime.test_batch import PROMPT_SET, _results_in_batch
 
     engine = Engine.load(tiny_close_artifacts["llama"], provider="cpu", threads=1)
     prompts = PROMPT_SET[:8]
@@ -87,11 +87,7 @@ def test_greedy_text_with_predictions_under_8_clients_equals_each_prompts_own(ti
     predictions = [tuple(ids) if i % 2 else tuple(ids[:8] + [ids[8] + 1] + ids[10:]) for i, ids in enumerate(reference)]
     configs = [GenerationConfig(max_new_tokens=32, prediction=predictions[i],
                                 num_draft_tokens="auto" if i % 4 < 2 else 6) for i in range(8)]
-    batch = BatchEngine(engine, max_batch=8, kv_capacity=128)
-    try:
-        results = _concurrently(batch, prompts, configs)
-    finally:
-        batch.shutdown()
+    results, batch = _results_in_batch(engine, prompts, configs, max_batch=8, kv_capacity=128)
     assert [r.token_ids for r in results] == reference
     assert sum(r.stats.prediction_tokens()[0] for r in results) > 8 * 10  # most of each answer came as drafts
     assert all(r.stats.target_calls < len(r.token_ids) for r in results)

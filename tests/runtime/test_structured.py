@@ -17,7 +17,7 @@ from specdec.runtime.grammar import GrammarSpec
 from specdec.runtime.loop import FORCED
 from specdec.runtime.sampling import SamplingConfig
 
-from tests.runtime.test_batch import PROMPT_SET, _concurrently
+from tests.runtime.test_batch import PROMPT_SET, _results_in_batch
 from tests.runtime.test_exactness import _assert_fits, _sampled_joint, _target_joint
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
@@ -114,11 +114,7 @@ def test_greedy_constrained_text_under_8_clients_equals_each_prompts_own(engine)
     kinds = [dict(drafter="none")] + DRAFTERS
     configs = [GenerationConfig(max_new_tokens=60, grammar=SCHEMA, **kinds[i % len(kinds)]) for i in range(8)]
     steps = []
-    batch = BatchEngine(engine, max_batch=8, kv_capacity=160, on_step=steps.append)
-    try:
-        results = _concurrently(batch, prompts, configs)
-    finally:
-        batch.shutdown()
+    results, batch = _results_in_batch(engine, prompts, configs, max_batch=8, kv_capacity=160, on_step=steps.append)
     assert [r.token_ids for r in results] == reference
     assert max(steps) >= 2
     for result in results:
