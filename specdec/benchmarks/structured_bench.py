@@ -84,7 +84,10 @@ def anchor_commands(threads: int, slots: int, llama_server: str | None, gguf: st
         vllm_env = {**env, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "2",
                     "OMP_NUM_THREADS": str(threads)}
         vllm = str(Path(vllm_python).with_name("vllm"))
+        # tool_choice "required" needs a tool-call parser in vLLM; hermes reads the <tool_call> JSON its
+        # chat template asks for
         servers["vllm"] = ([vllm, "serve", str(hf_folder), "--dtype", "float32", "--max-num-seqs", "16",
+                            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL], vllm_env, port)
     return servers
 
