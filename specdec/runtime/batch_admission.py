@@ -164,18 +164,21 @@ class SlotAdmission:
         among them (a head's prefill reads the hidden rows of its own calls). The others are prefilled now: those
         in the graph's rows in ONE ragged-rows call where there are several, the rest in the plain graph's calls.
         """
+        shareable = [r for r in planned if self.calls.in_ragged_rows([r]) and not r.hidden]
+        for request in planned:
+            if request not in shareable:
+                self._guarded(request, self._prefill_plain)
+        # After those: one that ends its prompt joins the running requests, maybe in a slot past the graph's rows.
         running = self._running
         rideable = bool(running) and self.calls.in_ragged_rows(running) and not any(r.hidden for r in running)
-        shareable = [r for r in planned if self.calls.in_ragged_rows([r]) and not r.hidden]
-        riding = shareable if rideable else []
-        apart = [r for r in planned if r not in riding]
-        shared = [r for r in shareable if r in apart] if len(shareable) > 1 else []
-        if len(shared) > 1:
-            self._guarded_all(shared, lambda: self._chunks_fed(self.calls.ragged_prefill(shared)))
-        for request in apart:
-            if request not in shared:
+        if rideable:
+            return shareable
+        if len(shareable) > 1:
+            self._guarded_all(shareable, lambda: self._chunks_fed(self.calls.ragged_prefill(shareable)))
+        else:
+            for request in shareable:
                 self._guarded(request, self._prefill_plain)
-        return riding
+        return []
 
     def _prefill_plain(self, request: BatchRequest) -> None:
         """Prefill a request's chunk in the plain graph's calls, one aligned piece each (none reaches the long-call

@@ -284,3 +284,19 @@ def test_the_prefix_cache_is_on_by_default_and_serve_maps_its_flags(engine, tiny
         assert (config.prefix_cache, config.prefill_budget) == (cache, budget)
     result = CliRunner().invoke(main, ["serve", artifact, "--prefill-budget", "0"])
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_a_burst_over_more_slots_than_the_ragged_graph_has_rows_runs_every_request(engine):
+    """16 slots over an 8-row ragged graph, 16 short prompts at once, five a round under the budget: the round that
+    plans slots 5-9 prefills 8 and 9 (past the graph's rows) in plain calls, and they join the running ones; then a
+    chunk rides a step only while every running request sits in the graph's rows (slots 5-7 once rode a ragged call
+    with slots 8 and 9 running in it: every request of the step failed)."""
+    rows = engine.target.spec.ragged_rows
+    prompts = [_ids(seed, 24 + seed % 3) for seed in range(2 * rows)]
+    reference = [engine.generate(p, PLAIN).token_ids for p in prompts]
+    batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=256, prefill_budget=128)
+    try:
+        results = _burst(batch, prompts, [PLAIN] * len(prompts))
+    finally:
+        batch.shutdown()
+    assert [r.token_ids for r in results] == reference
