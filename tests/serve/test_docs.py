@@ -1,4 +1,4 @@
-"""docs/SERVE.md's manifests stay in step with the CLI: every flag they pass exists, and the Serve
+"""docs/SERVE.md's manifests (docs/deploy/) stay in step with the CLI: every flag they pass exists, and the Serve
 config's args are ones app_builder takes."""
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import pytest
 from specdec.cli.serve import serve
 
 yaml = pytest.importorskip("yaml")
-DOC = Path(__file__).resolve().parents[2] / "docs" / "SERVE.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _yaml_blocks() -> list[dict]:
-    return [doc for block in re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)
-            for doc in yaml.safe_load_all(block)]
+    """Return every YAML document of the manifests SERVE.md links (docs/deploy/*.yaml), checking it links each."""
+    linked = set(re.findall(r"\(deploy/([\w.-]+\.yaml)\)", (DOCS / "SERVE.md").read_text()))
+    files = sorted((DOCS / "deploy").glob("*.yaml"))
+    assert linked == {f.name for f in files}
+    return [doc for f in files for doc in yaml.safe_load_all(f.read_text())]
 
 
 def test_the_kserve_manifest_passes_only_flags_specdec_serve_has():
