@@ -55,9 +55,10 @@ def differing(cells: Iterable[StructuredCell]) -> list[str]:
 
 
 def validity(records: Sequence[Record], items: Mapping[str, StructuredItem],
-             references: Mapping[str, str]) -> tuple[int, int, str | None]:
-    """Return (valid answers, answers checked, the first invalid one's reason) over the completed records."""
-    valid, checked, first = 0, 0, None
+             references: Mapping[str, str]) -> tuple[int, int, str | None, int]:
+    """Return (valid answers, answers checked, the first invalid one's reason, invalid answers cut at max_tokens)
+    over the completed records."""
+    valid, checked, first, cut = 0, 0, None, 0
     for record in records:
         if not record.ok:
             continue
@@ -65,9 +66,11 @@ def validity(records: Sequence[Record], items: Mapping[str, StructuredItem],
         reason = check_answer(items[record.prompt_id], record.text, record.tool_calls, references.get(record.prompt_id))
         if reason is None:
             valid += 1
-        elif first is None:
+            continue
+        cut += record.finish_reason == "length"
+        if first is None:
             first = f"{record.prompt_id}: {reason}"
-    return valid, checked, first
+    return valid, checked, first, cut
 
 
 def mask_cost(records: Sequence[Record]) -> tuple[float | None, float | None]:
@@ -109,7 +112,7 @@ def summarize_cell(cell: StructuredCell, items: Mapping[str, StructuredItem], re
     """Return a cell's figures: serve_load's (tokens/s, TTFT, ...) plus validity, prediction tokens, mask cost and
     its tokens/s against `base` (specdec's target-only cell of the same workload and clients)."""
     summary = summarize(cell)
-    valid, checked, first = validity(cell.records, items, references)
+    valid, checked, first, cut = validity(cell.records, items, references)
     mask_ms, mask_share = mask_cost(cell.records)
     predicted = prediction_totals(cell.records)
     ratio = ratios = None
@@ -118,7 +121,7 @@ def summarize_cell(cell: StructuredCell, items: Mapping[str, StructuredItem], re
         ratio = mine / theirs if mine and theirs else None
         ratios = round_ratios(cell, base)
     return {**summary, "workload": cell.workload, "valid": valid, "checked": checked,
-            "validity": valid / checked if checked else None, "first_invalid": first,
+            "validity": valid / checked if checked else None, "first_invalid": first, "invalid_cut": cut,
             "accepted_prediction_tokens": predicted[0] if predicted else None,
             "rejected_prediction_tokens": predicted[1] if predicted else None,
             "mask_ms_per_target_call": mask_ms, "mask_share": mask_share,
@@ -140,13 +143,13 @@ def _ratio_text(s: dict[str, Any]) -> str:
 
 def markdown(summaries: Sequence[dict[str, Any]], setup: dict[str, Any]) -> str:
     """Return the report: setup, CPU, threads and command, then one table per workload (a row per server x clients
-    x decoding) and the first invalid answer of each cell that had one."""
+    x decoding) and each server's first invalid answer."""
     lines = ["# Structured outputs, tool calls and predicted edits: speculation against target-only", "",
              f"Setup: {setup['setup']}", "", f"CPU: {setup['cpu']}; threads per server: {setup['threads']}", "",
              f"Command: `{setup['command']}`", "",
              "Valid: extract answers that parse and meet their JSON schema; tool calls that name one of the request's "
              "tools with arguments that meet its parameters; edits whose text equals specdec's target-only text of "
-             "the same request (greedy). vs target-only: tokens/s over specdec's target-only cell of the same "
+             "the same request (greedy); cut: invalid because max_tokens ended the answer. vs target-only: tokens/s over specdec's target-only cell of the same "
              "workload and clients, all rounds pooled (in brackets the lowest and highest single round; rounds "
              "alternate the servers and decodings). Mask: time building grammar masks per target call, and its "
              "share of the requests' total seconds (specdec's own stats).", ""]
@@ -158,7 +161,8 @@ def markdown(summaries: Sequence[dict[str, Any]], setup: dict[str, Any]) -> str:
                   "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for s in rows:
             requests = f"{s['requests'] - s['errors']}" + (f" ({s['errors']} failed)" if s["errors"] else "")
-            valid = "-" if s["validity"] is None else f"{100 * s['validity']:.0f}% ({s['valid']}/{s['checked']})"
+            cut = f"; {s['invalid_cut']} cut" if s.get("invalid_cut") else ""
+            valid = "-" if s["validity"] is None else f"{100 * s['validity']:.0f}% ({s['valid']}/{s['checked']}{cut})"
             predicted = ("-" if s["accepted_prediction_tokens"] is None
                          else f"{s['accepted_prediction_tokens']} / {s['rejected_prediction_tokens']}")
             share = s["mask_share"]
@@ -167,11 +171,9 @@ def markdown(summaries: Sequence[dict[str, Any]], setup: dict[str, Any]) -> str:
                          f"| {_fmt(s['ttft_p50'])} | {_fmt(s['ttft_p90'])} | {_fmt(s['tokens_per_target_call'])} "
                          f"| {_fmt(s['mask_ms_per_target_call'])} | {'-' if share is None else f'{100 * share:.1f}%'} "
                          f"| {predicted} |")
-        invalid = [s for s in rows if s["first_invalid"]]
-        if invalid:
-            lines += ["", "First invalid answer per cell:"]
-            lines += [f"- {s['server']}, {s['concurrency']} clients, {LABELS.get(s['drafter'], s['drafter'])}: "
-                      f"{s['first_invalid']}" for s in invalid]
+        firsts = {s["server"]: s["first_invalid"] for s in reversed(rows) if s["first_invalid"]}
+        if firsts:
+            lines += ["", "First invalid answer: " + "; ".join(f"{server}, {first}" for server, first in firsts.items())]
         lines.append("")
     lines.append(f"Greedy answers equal across specdec's decodings: {setup['equal_texts']}")
     for note in setup.get("notes", []):
