@@ -41,7 +41,6 @@ from specdec.models.errors import GenerationError
 from specdec.runtime.batch_admission import SlotAdmission
 from specdec.runtime.batch_calls import CALIBRATION_PAST, TargetCalls
 from specdec.runtime.batch_drafting import DraftRounds
-from specdec.runtime.batch_plan import BatchCallCosts
 from specdec.runtime.batch_request import END, BatchRequest
 from specdec.runtime.batch_step import DRAFT_MARGIN, BatchStep
 from specdec.runtime.config import GenerationConfig
@@ -59,6 +58,11 @@ DEFAULT_KV_CAPACITY = 1024  # positions per slot
 # token during a burst, and a step's own ~25-40 ms stays under a tenth of it (estimated; docs/DESIGN.md,
 # "Continuous batching").
 DEFAULT_PREFILL_BUDGET = 256
+
+
+def _delegated(part: str, name: str, what: str) -> property:
+    """Return a read-only property giving `self.<part>.<name>`: `what`, as the facade shows it."""
+    return property(lambda self: getattr(getattr(self, part), name), doc=f"Return {what}.")
 
 
 class BatchEngine(SlotAdmission, BatchStep):
@@ -125,40 +129,19 @@ class BatchEngine(SlotAdmission, BatchStep):
         """Return the fraction of the arena's positions that running requests have cached."""
         return self.arena.positions_used / (self.arena.slots * self.arena.capacity)
 
-    @property
-    def batch_costs(self) -> BatchCallCosts:
-        """Return the measured cost of a step of one batched decode call, by rows."""
-        return self.calls.batch_costs
-
-    @property
-    def verify_costs(self) -> BatchCallCosts:
-        """Return the measured cost of a speculating request's drafting + batch-1 verify call, by tokens."""
-        return self.calls.verify_costs
-
-    @property
-    def ragged_costs(self) -> BatchCallCosts:
-        """Return the measured cost of a step of one ragged-rows call (every slot's row), by tokens."""
-        return self.calls.ragged_costs
-
-    @property
-    def ragged_calls(self) -> int:
-        """Return the steps whose rows shared one ragged-rows call."""
-        return self.calls.ragged_calls
-
-    @property
-    def ragged_prefills(self) -> int:
-        """Return the prefills of several admitted requests in one ragged-rows call."""
-        return self.calls.ragged_prefills
-
-    @property
-    def draft_ragged_calls(self) -> int:
-        """Return the rounds of draft model calls that shared one ragged-rows call."""
-        return self.drafting.model_rounds
-
-    @property
-    def head_ragged_calls(self) -> int:
-        """Return the rounds of draft head calls that shared the head's ragged-rows graph."""
-        return self.drafting.head_rounds
+    # What the call paths and draft rounds measured and counted, read through the facade.
+    batch_costs = _delegated("calls", "batch_costs", "the measured cost of a step of one batched decode call, by rows")
+    verify_costs = _delegated("calls", "verify_costs",
+                              "the measured cost of a speculating request's drafting + batch-1 verify call, by tokens")
+    ragged_costs = _delegated("calls", "ragged_costs",
+                              "the measured cost of a step of one ragged-rows call (every slot's row), by tokens")
+    ragged_calls = _delegated("calls", "ragged_calls", "the steps whose rows shared one ragged-rows call")
+    ragged_prefills = _delegated("calls", "ragged_prefills",
+                                 "the prefills of several admitted requests in one ragged-rows call")
+    draft_ragged_calls = _delegated("drafting", "model_rounds",
+                                    "the rounds of draft model calls that shared one ragged-rows call")
+    head_ragged_calls = _delegated("drafting", "head_rounds",
+                                   "the rounds of draft head calls that shared the head's ragged-rows graph")
 
     def time_batch_calls(self, repeats: int = 3) -> dict[int, float]:
         """Time batched calls over 1, 2, 4, ... rows, and ragged-rows calls over 1, half and all rows of 1 token and
