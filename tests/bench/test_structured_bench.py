@@ -109,17 +109,17 @@ def test_ratios_pool_rounds_and_pair_them_round_by_round():
     items = {"a": StructuredItem("a", "extract", "?", response_format={
         "type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}})}
     spec.records = [Record("a", ok=True, tokens=95, text='{"name": "A", "age": 1}', ttft=0.5),
-                    Record("a", ok=True, tokens=95, text='{"name": "A"}', ttft=1.5),
+                    Record("a", ok=True, tokens=95, text='{"name": "A"}', ttft=1.5, finish_reason="length"),
                     Record("a", ok=False, error="HTTP 500")]
     s = summarize_cell(spec, items, {}, base)
-    assert (s["valid"], s["checked"], s["validity"], s["errors"]) == (1, 2, 0.5, 1)
+    assert (s["valid"], s["checked"], s["validity"], s["errors"], s["invalid_cut"]) == (1, 2, 0.5, 1, 1)
     assert s["first_invalid"] == "a: schema: 'age' is a required property"
     assert s["tokens_per_second"] == pytest.approx(190 / 5) and s["ttft_p50"] == pytest.approx(1.0)
     assert s["vs_target_only"] == pytest.approx(190 / 110) and s["round_ratio_median"] == pytest.approx(1.75)
     assert summarize_cell(base, items, {}, base)["vs_target_only"] is None  # the base is not compared with itself
     report = markdown([s], {"setup": "S", "cpu": "C", "threads": 2, "command": "cmd", "equal_texts": "yes"})
-    assert "| specdec | 1 | speculation | 2 (1 failed) | 50% (1/2) | 38.0 | 1.73x (1.50-2.00) | 1.00 |" in report
-    assert "- specdec, 1 clients, speculation: a: schema: 'age' is a required property" in report
+    assert "| specdec | 1 | speculation | 2 (1 failed) | 50% (1/2; 1 cut) | 38.0 | 1.73x (1.50-2.00) | 1.00 |" in report
+    assert "First invalid answer: specdec, a: schema: 'age' is a required property" in report
 
 
 def test_edit_references_come_from_target_only_with_the_fewest_clients():
