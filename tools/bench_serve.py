@@ -109,6 +109,8 @@ def main() -> int:
                         help="specdec --max-batch and llama-server -np (default: the artifact's serving slots, "
                              "specdec's auto: 16 for an 8-row fp32 export, 8 for int4; vLLM gets --max-num-seqs 16)")
     parser.add_argument("--concurrency", default="1,2,4,8,16")
+    parser.add_argument("--rate", default=None,
+                        help="open loop instead of --concurrency: requests/s, comma list (Poisson arrivals)")
     parser.add_argument("--drafters", default="none,ngram", help="specdec's decodings (the anchors run their own)")
     parser.add_argument("--requests", type=int, default=32, help="requests per cell")
     parser.add_argument("--rounds", type=int, default=2,
@@ -150,9 +152,11 @@ def main() -> int:
         idle = {s.name: (s.cpu_seconds() - before[s.name]) / 10 for s in servers}
         print("idle cores per server (10 s, after start): "
               + ", ".join(f"{name} {cores:.2f}" for name, cores in idle.items()), file=sys.stderr, flush=True)
-        load = [sys.executable, "-m", "specdec.benchmarks.serve_load", "--model", MODEL,
-                "--concurrency", args.concurrency, "--drafters", args.drafters, "--requests", str(args.requests),
-                "--rounds", str(args.rounds), "--min-waves", str(args.min_waves), "--max-tokens", str(args.max_tokens),
+        arrivals = ["--rate", args.rate] if args.rate else ["--concurrency", args.concurrency,
+                                                            "--min-waves", str(args.min_waves)]
+        load = [sys.executable, "-m", "specdec.benchmarks.serve_load", "--model", MODEL, *arrivals,
+                "--drafters", args.drafters, "--requests", str(args.requests),
+                "--rounds", str(args.rounds), "--max-tokens", str(args.max_tokens),
                 "--output", str(out),
                 "--plot", str(out / "serve.png"), "--time-limit", "3000"]
         for server in servers:
