@@ -196,8 +196,8 @@ class SlotArena:
                 best = min(free, key=lambda s: (self._holds_only_copy(s, min_prefix),
                                                 bool(self._reusable_ids(self._caches[s])),
                                                 self._caches[s].released)) if prompt_ids else free[0]
-            if self.keep_prefixes:
-                self._stash(best, window, shared, min_prefix)
+            if self.keep_prefixes:  # never onto the slot the prompt's prefix is about to be copied from
+                self._stash(best, window, shared, min_prefix, source if copied >= min_prefix else None)
             self._free.remove(best)
             heapq.heapify(self._free)
         cache = self._caches[best]
@@ -266,18 +266,19 @@ class SlotArena:
         return not any(other != slot and tuple(self._reusable_ids(self._caches[other])[:need]) == head
                        for other in range(self.slots))
 
-    def _stash(self, slot: int, window: int, shared: int, min_prefix: int) -> None:
+    def _stash(self, slot: int, window: int, shared: int, min_prefix: int, keep: int | None = None) -> None:
         """Before a request that reuses `shared` of its tokens overwrites free slot `slot`, copy the prefix the
         slot keeps (where the request keeps under half of it and no other slot holds it) into a free slot outside
         the window that keeps nothing or an older prefix, so a later prompt copies it back instead of prefilling
         it. Slots above the window take no new requests under a light load (`BatchEngine._slot_window`); this
-        keeps them useful. Call with the lock held."""
+        keeps them useful. Never onto slot `keep`: the prompt's prefix is copied from it next. Call with the
+        lock held."""
         victim = self._caches[slot]
         kept = len(self._reusable_ids(victim))
         if not self.copies_prefixes or 2 * shared >= kept or kept < min_prefix or \
                 not self._holds_only_copy(slot, min_prefix):
             return
-        spares = [s for s in self._free if s >= window and s != slot]
+        spares = [s for s in self._free if s >= window and s not in (slot, keep)]
         if not spares:
             return
         spare = min(spares, key=lambda s: (bool(self._reusable_ids(self._caches[s])), self._caches[s].released))

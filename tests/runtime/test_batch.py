@@ -937,3 +937,24 @@ def test_a_light_load_cycling_through_more_prompts_than_slots_below_the_window_r
     # feeds): in its slot, or copied back from above the window; a prompt shorter than MIN_PREFIX is prefilled anyway
     assert batch.prefix_tokens_reused - reused == sum(len(p) - 2 for p in prompts if len(p) > MIN_PREFIX)
     assert batch.arena.prefix_stashes > 0
+
+
+def test_a_stash_never_overwrites_the_slot_the_new_prompt_copies_its_prefix_from(engine):
+    """The free slot a prompt's prefix is copied from (above the window) is no stash spare for the slot it takes:
+    stashing there first made the prompt copy another prompt's KV as its own prefix (wrong answers under load,
+    found by a serving run of 48 distinct prompts at 8 clients)."""
+    from specdec.runtime.slots import SlotArena
+
+    rng = np.random.default_rng(1)
+    a, b, c, d = ([base + i for i in range(30)] for base in (100, 200, 300, 400))
+    arena = SlotArena(engine.target, 4, 64, keep_prefixes=True)
+    caches = [arena.take() for _ in range(4)]
+    rows = {}
+    for slot, ids in ((3, b), (1, c), (2, d), (0, a)):  # given back in this order: b's slot is the oldest spare
+        rows[slot] = _filled(arena, caches[slot], ids, rng)
+        arena.give(caches[slot])
+    taken = arena.take(b + [7, 8], window=1)  # slot 0, the only one below the window, keeps a: stashed first
+    assert taken.slot == 0 and arena.prefix_stashes == 1
+    assert taken.length >= 16 and np.array_equal(arena.host_buffers[0][0, :, :taken.length],
+                                                 rows[3][:, :taken.length])  # b's own KV, copied from slot 3
+    assert arena._caches[3].kept_ids == tuple(b)  # and slot 3 still keeps b
