@@ -137,8 +137,8 @@ class PredictionDrafter:
                 self.cursor += 1
                 self._last = self.cursor
             else:
-                answer = context[self._prompt_length:position + 1]
-                self.cursor = self.index.realign(answer[-MAX_MATCH:], self._last)
+                recent = context[max(self._prompt_length, position + 1 - MAX_MATCH):position + 1]  # the answer's tail
+                self.cursor = self.index.realign(recent, self._last)
                 if self.cursor is not None:
                     self._last = self.cursor
         self._seen = len(context)

@@ -410,7 +410,8 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
         raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
                             f"'{config.served_model_name}'", type="not_found_error", param="model",
                        code="model_not_found")
-    generation_config = _generation_config(state, body, ids, param, chat, tools)
+    # a grammar compiles here (its tokenizer adapter on first use): on a worker thread, like parsing
+    generation_config = await asyncio.to_thread(_generation_config, state, body, ids, param, chat, tools)
     deadline = arrival + config.request_timeout
     metrics, model = state.metrics, config.served_model_name
     run: _Run | None = None
