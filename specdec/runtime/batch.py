@@ -192,7 +192,7 @@ class BatchEngine(SlotAdmission, BatchStep):
             self._wake.notify()
         return GenerationStream(lambda stream: self.engine.text_pieces(opened, self._iterations(request),
                                                                        request.counters, on_iteration, stream),
-                                on_cancel=lambda: self._cancel(request))
+                                on_cancel=lambda: self._cancel(request), timeline=request.timeline)
 
     def _check_heads(self) -> None:
         """Raise GenerationError unless a draft head's request can run here: its target rows (hidden states

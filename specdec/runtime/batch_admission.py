@@ -44,6 +44,8 @@ class SlotAdmission:
             for request in [r for r in self._waiting if r.cancelled.is_set()]:  # gone before its prefill
                 self._waiting.remove(request)
                 request.end()
+            for request in self._waiting:
+                request.timeline.mark("seen")
         return True
 
     def _admit(self) -> None:
@@ -56,6 +58,7 @@ class SlotAdmission:
             prompt = request.prompt_ids
             reuse = self.prefix_cache and not request.hidden
             request.cache = self.arena.take(prompt if reuse else None, window=window)
+            request.timeline.mark("admitted")
             self.prefix_tokens_reused += request.cache.length
             self.prefix_tokens_queried += len(prompt) if self.prefix_cache else 0
             self._prefilling.append(request)
@@ -142,6 +145,7 @@ class SlotAdmission:
             request.chunk = prompt[start:end]
             budget -= end - start
             planned.append(request)
+            request.timeline.mark("first_chunk")
         return planned
 
     def _copies_prefixes(self, request: BatchRequest) -> bool:
@@ -224,6 +228,7 @@ class SlotAdmission:
 
     def _join_running(self, request: BatchRequest, first: Iteration) -> None:
         """Deliver a just-prefilled request's first iteration; it runs on unless that ended it."""
+        request.timeline.mark("first_token")
         if request in self._prefilling:
             self._prefilling.remove(request)
         if not first.finished:

@@ -20,6 +20,7 @@ from specdec.runtime.drafters import Drafter, ModelDrafter, Proposal
 from specdec.runtime.engine import OpenRequest
 from specdec.runtime.loop import FORCED, DecodeState, Iteration
 from specdec.runtime.slots import SlotCache
+from specdec.runtime.timeline import FirstTokenTimeline
 
 END = object()  # put on a request's queue: the scheduler is done with it (cancelled or shut down)
 
@@ -67,6 +68,7 @@ class BatchRequest:
     prefill_seconds: float = 0.0
     prefill_states: list = field(default_factory=list)
     awaits_copy: bool = False
+    timeline: FirstTokenTimeline = field(default_factory=FirstTokenTimeline.now)  # where its first token's wait went
 
     @property
     def state(self) -> DecodeState:

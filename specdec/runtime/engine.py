@@ -29,6 +29,8 @@ from specdec.runtime.providers import shared_pool, shared_pool_threads
 from specdec.runtime.session import ModelSession
 from specdec.runtime.stats import GenerationStats
 from specdec.runtime.text import StopStringFilter, TextCodec
+from specdec.runtime.timeline import FirstTokenTimeline
+
 
 @dataclass
 class GenerationResult:
@@ -45,8 +47,9 @@ class GenerationStream:
     """Iterates over text pieces as tokens are committed; `result` is set once it is exhausted."""
 
     def __init__(self, make_pieces: Callable[["GenerationStream"], Iterator[str]],
-                 on_cancel: Callable[[], None] | None = None):
+                 on_cancel: Callable[[], None] | None = None, timeline: FirstTokenTimeline | None = None):
         self.result: GenerationResult | None = None
+        self.timeline = timeline  # a batch engine's: where the wait for the first token went (None: single stream)
         self._cancelled = threading.Event()
         self._on_cancel = on_cancel
         # The generator fills in `result` of the stream it belongs to when it finishes.

@@ -585,6 +585,7 @@ class _Run:
                 if self.first_piece_at is None:
                     self.first_piece_at = now
                     self.metrics.ttft.labels(self.model).observe(now - self.arrival)
+                    self.metrics.observe_ttft_parts(self.generation.timeline, self.arrival, now)
                 else:
                     self.metrics.itl.labels(self.model).observe(now - self.last_piece_at)
                 self.last_piece_at = now

@@ -15,6 +15,7 @@ from concurrent.futures import Executor, Future
 from typing import Callable
 
 from specdec.runtime import Engine, GenerationConfig, GenerationStream, Iteration
+from specdec.runtime.timeline import FirstTokenTimeline
 
 
 class _Stop(Exception):
@@ -52,6 +53,12 @@ class Generation:
             stream = self._stream
             if stream is not None:
                 stream.cancel()
+
+    @property
+    def timeline(self) -> FirstTokenTimeline | None:
+        """Return the engine's record of where the first token's wait went (a batch engine's; else None)."""
+        stream = self._stream
+        return stream.timeline if stream is not None else None
 
     @property
     def cancelled(self) -> bool:

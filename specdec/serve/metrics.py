@@ -13,6 +13,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from specdec.runtime.loop import Iteration
+from specdec.runtime.timeline import FirstTokenTimeline
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                    40.0, 80.0)
@@ -49,6 +50,11 @@ class ServerMetrics:
                              buckets=ITL_BUCKETS, registry=registry)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.", label,
                              buckets=LATENCY_BUCKETS, registry=registry)
+        # Where the first token's time went (specdec/runtime/timeline.py): server, then the engine's parts, then stream.
+        self.ttft_parts = Histogram("specdec:ttft_part_seconds", "Time to first token split by part: server (arrival "
+                                    "to the engine), step_boundary, slot_wait, chunk_wait, prefill (the engine's), "
+                                    "stream (first token to first piece sent).", label + ["part"],
+                                    buckets=LATENCY_BUCKETS, registry=registry)
         self.queue_time = Histogram("vllm:request_queue_time_seconds", "Time waiting for a slot.", label,
                                     buckets=LATENCY_BUCKETS, registry=registry)
         self.drafts = Counter("vllm:spec_decode_num_drafts", "Iterations that verified drafted tokens.", label,
@@ -90,6 +96,15 @@ class ServerMetrics:
             self._spec["accepted"] += accepted
             for position in range(accepted):
                 self._spec_per_pos[position] = self._spec_per_pos.get(position, 0) + 1
+
+    def observe_ttft_parts(self, timeline: FirstTokenTimeline | None, arrival: float, first_piece: float) -> None:
+        """Count where a request's first-token time went, from a batch engine's timeline (nothing without one)."""
+        parts = timeline.parts() if timeline is not None else None
+        if parts is None:
+            return
+        parts = {"server": timeline.submitted - arrival, **parts, "stream": first_piece - timeline.first_token}
+        for part, seconds in parts.items():
+            self.ttft_parts.labels(self.model, part).observe(max(seconds, 0.0))
 
     def observe_batch(self, rows: int) -> None:
         """Count one batched target call over `rows` sequences (called from the batch engine's thread)."""

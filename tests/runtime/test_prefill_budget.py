@@ -154,6 +154,30 @@ def test_a_burst_gets_its_first_tokens_first_come_first_served_a_budget_at_a_tim
     assert len([riding for _, riding in steps if riding]) == len(burst) // 2 - (0 if load else 1)
 
 
+def test_each_request_records_where_its_first_token_waited_and_the_parts_add_up(engine):
+    """A burst of 6 under a budget of 100 (two prompts a step): each stream's timeline splits submission to first
+    token into parts that add up; the later pairs waited for chunks (older prompts took the budget), the first did
+    not, and nobody waited for a slot (8 free)."""
+    burst = [_ids(10 + i, 40 + i) for i in range(6)]
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=256, prefill_budget=100)
+    try:
+        with batch._wake:  # held off: one admission takes them all
+            streams = [batch.stream(p, PLAIN) for p in burst]
+        assert all(s.timeline.parts() is None for s in streams)  # no first token yet
+        _consumed(streams)
+    finally:
+        batch.shutdown()
+    parts = [s.timeline.parts() for s in streams]
+    for timeline, split in zip((s.timeline for s in streams), parts):
+        assert sum(split.values()) == pytest.approx(timeline.first_token - timeline.submitted, abs=1e-9)
+        assert split["prefill"] > 0
+    chunk_waits = [split["chunk_wait"] for split in parts]
+    assert chunk_waits[0] < 0.01 and chunk_waits[1] < 0.01  # the first pair's chunks were planned at admission
+    assert min(chunk_waits[2:]) > max(chunk_waits[:2])  # the later ones waited a step or more for the budget
+    assert chunk_waits[4] > chunk_waits[2]
+    assert max(split["slot_wait"] for split in parts) < 0.01
+
+
 def test_prompts_that_start_with_one_document_prefill_it_once_chunk_by_chunk(engine):
     """Three prompts arriving at once start with one 200-token document: the oldest prefills it (4 steps of 64
     under a budget of 64); the others wait and copy each chunk it computed, then prefill with it the last one,

@@ -6,6 +6,7 @@ import json
 import threading
 
 import httpx
+import pytest
 
 from specdec.runtime import GenerationConfig
 from tests.serve.conftest import MODEL, live_server
@@ -43,6 +44,12 @@ def test_eight_streamed_chats_share_calls_and_each_gets_its_own_greedy_answer(se
         assert server.metric("specdec:batch_size_sum") > server.metric("specdec:batch_size_count")  # rows shared calls
         assert "vllm:kv_cache_usage_perc" in httpx.get(server.url + "/metrics").text
         assert server.state.batch.arena.used == 0
+        # where each first token's time went: every part of every request counted, adding up to the TTFT
+        parts = ("server", "step_boundary", "slot_wait", "chunk_wait", "prefill", "stream")
+        assert all(server.metric("specdec:ttft_part_seconds_count", part=p) == len(PROMPTS) for p in parts)
+        split = sum(server.metric("specdec:ttft_part_seconds_sum", part=p) for p in parts)
+        assert split == pytest.approx(server.metric("vllm:time_to_first_token_seconds_sum"), rel=1e-6)
+        assert server.metric("specdec:ttft_part_seconds_sum", part="prefill") > 0
 
 
 def test_the_prefix_cache_counts_prompt_tokens_looked_up_and_held_under_vllms_names(serve_engine, serve_artifact):
