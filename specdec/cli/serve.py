@@ -37,6 +37,11 @@ from specdec.models.extras import missing_dependency
               help="With --max-batch > 1: prompt tokens prefilled per step, in aligned 64-token chunks, the oldest "
                    "prompt first; they ride the running requests' call, which thus still get a token every step. "
                    "Larger: a burst's prompts start in fewer steps; smaller: running requests wait less per token.")
+@click.option("--prefill-itl-factor", type=float, default=0.0, show_default=True, metavar="F",
+              help="With --max-batch > 1: while requests run, a step takes only the prompt tokens that keep its "
+                   "estimated cost (from measured call costs) within F times the step without them, so a running "
+                   "request's time between tokens stays within F x its idle value during a burst; the first "
+                   "chunk of the oldest prompt is always taken. 0: the --prefill-budget alone.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --max-batch 1: generations running at once; engine threads default to cores / this.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
@@ -83,7 +88,8 @@ from specdec.models.extras import missing_dependency
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @one_line_errors
-def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache, prefill_budget, max_concurrency,
+def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache, prefill_budget, prefill_itl_factor,
+          max_concurrency,
           max_queue, request_timeout, max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys,
           api_key_file, public_metrics, allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, write_timeout,
           header_timeout, keep_alive_timeout, use_ray, replicas, replica_cpus, replica_gpus, ray_address,
@@ -101,7 +107,7 @@ def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache
                            "(--api-key, --api-key-file or SPECDEC_API_KEY), or pass --allow-no-key")
 
     config = ServeConfig(artifact=artifact, model_name=model_name, max_batch=max_batch, kv_capacity=kv_capacity,
-                         prefix_cache=prefix_cache, prefill_budget=prefill_budget,
+                         prefix_cache=prefix_cache, prefill_budget=prefill_budget, prefill_itl_factor=prefill_itl_factor,
                          max_concurrency=max_concurrency,
                          max_queue=max_queue, request_timeout=request_timeout,
                          max_tokens_default=max_tokens_default, threads=threads, provider=provider,

@@ -46,6 +46,7 @@ from specdec.runtime.batch_step import DRAFT_MARGIN, BatchStep
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.engine import Engine, GenerationStream
 from specdec.runtime.loop import Iteration
+from specdec.runtime.prefill_budget import PrefillBudget
 from specdec.runtime.slots import SlotArena
 
 __all__ = ["BatchEngine", "CALIBRATION_PAST", "DEFAULT_KV_CAPACITY", "DEFAULT_MAX_BATCH", "DEFAULT_PREFILL_BUDGET",
@@ -67,16 +68,21 @@ def _delegated(part: str, name: str, what: str) -> property:
 
 class BatchEngine(SlotAdmission, BatchStep):
     """An Engine's target run for many requests at once, in `max_batch` KV slots of `kv_capacity` positions; each
-    step prefills at most `prefill_budget` prompt tokens."""
+    step prefills at most `prefill_budget` prompt tokens, and while requests run, no more than keep the step within
+    `prefill_itl_factor` x its cost without them (prefill_budget.py; None: the budget alone)."""
 
     def __init__(self, engine: Engine, max_batch: int = DEFAULT_MAX_BATCH, kv_capacity: int = DEFAULT_KV_CAPACITY,
                  on_step: Callable[[int], None] | None = None, prefix_cache: bool = True,
-                 prefill_budget: int = DEFAULT_PREFILL_BUDGET):
+                 prefill_budget: int = DEFAULT_PREFILL_BUDGET, prefill_itl_factor: float | None = None):
         if max_batch < 1:
             raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
         if isinstance(prefill_budget, bool) or not isinstance(prefill_budget, int) or prefill_budget < 1:
             raise GenerationError(f"prefill_budget must be an integer >= 1 (prompt tokens a step), got "
                                   f"{prefill_budget!r}")
+        try:
+            self.budget = PrefillBudget(prefill_budget, prefill_itl_factor)
+        except ValueError as err:
+            raise GenerationError(str(err)) from None
         self.engine = engine
         self.prefill_budget = prefill_budget
         self.arena = SlotArena(engine.target, max_batch, kv_capacity, keep_prefixes=prefix_cache, exact_prefixes=True)

@@ -29,7 +29,7 @@ class SlotAdmission:
     """BatchEngine's admission steps (a part of BatchEngine, split off by job).
 
     Reads the engine's queues (`_waiting`, `_prefilling`, `_running`, `_admitting`, under `_wake`), its
-    slots (`arena`, `draft_arena`), its target calls (`calls`), its `prefill_budget` and its guards
+    slots (`arena`, `draft_arena`), its target calls (`calls`), its `budget` and its guards
     (`_guarded`, `_guarded_all`, `_deliver`).
     """
 
@@ -121,13 +121,14 @@ class SlotAdmission:
 
     def _plan_chunks(self) -> list[BatchRequest]:
         """Give the prefilling requests this step's prompt tokens (`chunk`), oldest first, as many whole aligned
-        chunks as `prefill_budget` leaves (the oldest takes at least one); return those given some.
+        chunks as the step's budget leaves (prefill_budget.py; the oldest takes at least one); return those given some.
 
         First come, first served: once a prompt's next chunk does not fit, no younger one passes it. With the
         prefix cache a request first copies what another slot now holds of its prompt, and one whose prompt an
         older request is prefilling (MIN_PREFIX tokens more than it holds) waits to copy those positions.
         """
-        budget, planned = self.prefill_budget, []
+        budget = self.budget.for_step(len(self._running), self.calls.ragged_costs.seconds)
+        planned = []
         for request in self._prefilling:
             request.chunk = []
             if self._copies_prefixes(request):

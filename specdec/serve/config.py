@@ -43,6 +43,9 @@ class ServeConfig:
     prefix_cache: bool = True
     # batch engine: prompt tokens prefilled per step, riding the running requests' call (BatchEngine's default)
     prefill_budget: int = 256
+    # batch engine: while requests run, a step's prompt tokens keep it within this many times its cost without them
+    # (their inter-token latency during a burst); None or 0: the budget alone
+    prefill_itl_factor: float | None = None
     max_queue: int = 16  # requests waiting for a slot; one more gets 429 + Retry-After
     request_timeout: float = 300.0  # seconds from arrival (queue included) until a request is cut off
     max_tokens_default: int = 256  # max_tokens when the request sets none
@@ -74,6 +77,8 @@ class ServeConfig:
             raise SpecdecError(f"kv_capacity must be >= 16 positions, got {self.kv_capacity}")
         if self.prefill_budget < 1:
             raise SpecdecError(f"prefill_budget must be >= 1 prompt token a step, got {self.prefill_budget}")
+        if self.prefill_itl_factor and not self.prefill_itl_factor > 1:
+            raise SpecdecError(f"prefill_itl_factor must be > 1 (0: off), got {self.prefill_itl_factor}")
         if self.max_body_bytes < 1024:
             raise SpecdecError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if any(not key or key != key.strip() for key in self.api_keys):

@@ -11,6 +11,7 @@ from specdec.runtime import batch_admission, loop
 from specdec.runtime.batch import DEFAULT_PREFILL_BUDGET, BatchEngine
 from specdec.runtime.batch_chunks import PREFILL_CHUNK, chunk_end, chunk_pieces, prefill_end, prefill_start
 from specdec.runtime.engine import Engine, GenerationConfig
+from specdec.runtime.prefill_budget import PrefillBudget, itl_bounded_tokens
 
 from tests.runtime.test_batch import PROMPT_SET, _burst, _consumed
 
@@ -178,6 +179,50 @@ def test_each_request_records_where_its_first_token_waited_and_the_parts_add_up(
     assert max(split["slot_wait"] for split in parts) < 0.01
 
 
+def test_the_itl_bound_takes_the_most_prompt_tokens_that_keep_a_step_within_its_factor():
+    def linear(n):  # 20 ms a step + 1 ms a token (in ms: exact)
+        return 20 + n
+
+    assert itl_bounded_tokens(2, linear, 2.0, 512) == 22
+    assert itl_bounded_tokens(8, linear, 2.0, 512) == 28
+    assert itl_bounded_tokens(8, linear, 3.0, 512) == 56
+    assert itl_bounded_tokens(8, linear, 2.0, 10) == 10  # the cap first
+    assert itl_bounded_tokens(8, lambda n: 1 if n <= 8 else 5, 2.0, 512) == 0  # not even one token fits
+    assert PrefillBudget(300, 2.0).for_step(0, linear) == 300  # nothing runs: the cap alone
+    assert PrefillBudget(300, None).for_step(8, linear) == 300
+    assert PrefillBudget(300, 2.0).for_step(2, linear) == 22
+    for bad in ((0, 2.0), (64, 1.0), (64, 0.5), (True, 2.0)):
+        with pytest.raises(ValueError):
+            PrefillBudget(*bad)
+
+
+def test_under_the_itl_bound_a_burst_onto_running_requests_takes_a_prompt_a_step_and_onto_none_all_at_once(engine):
+    """Step costs of 20 ms + 1 ms a token, factor 2: beside 2 decoding requests a step may add 22 prompt tokens, so each
+    40-token prompt of the burst rides a step of its own (its first chunk, whatever the bound); on an idle engine
+    the whole burst is prefilled at once under the cap. Texts stay each prompt's own."""
+    burst = [_ids(10 + i, 40 + i) for i in range(4)]
+    decoding = _decoding_to_the_end(engine, [_ids(50 + i, 11 + 2 * i) for i in range(9)], 2, tokens=40)
+    reference = [engine.generate(p, PLAIN).token_ids for p in burst]
+    for load in (decoding, []):
+        batch = BatchEngine(engine, max_batch=8, kv_capacity=256, prefill_budget=512, prefill_itl_factor=2.0)
+        batch.calls.ragged_costs.seconds = lambda n: 20 + n  # ms
+        try:
+            streams = [batch.stream(p, GenerationConfig(max_new_tokens=40, drafter="none")) for p in load]
+            for stream in streams:
+                next(iter(stream))
+            rounds = _rounds(batch)
+            results = _burst(batch, burst, [PLAIN] * len(burst))
+            _consumed(streams)
+        finally:
+            batch.shutdown()
+        assert [r.token_ids for r in results] == reference
+        planned = [[n for n, _, _ in chunks] for chunks in rounds if chunks]
+        if load:
+            assert planned == [[len(p)] for p in burst]  # one prompt a step: 41+ tokens pass 22 only as a first chunk
+        else:
+            assert planned[0] == [len(p) for p in burst]  # idle: all of them in the first step
+
+
 def test_prompts_that_start_with_one_document_prefill_it_once_chunk_by_chunk(engine):
     """Three prompts arriving at once start with one 200-token document: the oldest prefills it (4 steps of 64
     under a budget of 64); the others wait and copy each chunk it computed, then prefill with it the last one,
@@ -300,14 +345,22 @@ def test_the_prefix_cache_is_on_by_default_and_serve_maps_its_flags(engine, tiny
     started = []
     monkeypatch.setattr(serve_cli, "_serve_one_process", lambda config, *args: started.append(config))
     artifact = str(tiny_artifacts["llama"])
-    for flags, cache, budget in (([], True, DEFAULT_PREFILL_BUDGET), (["--no-prefix-cache"], False, 256),
-                                 (["--prefill-budget", "64", "--prefix-cache"], True, 64)):
+    for flags, cache, budget, factor in (([], True, DEFAULT_PREFILL_BUDGET, 0.0),
+                                         (["--no-prefix-cache"], False, 256, 0.0),
+                                         (["--prefill-budget", "64", "--prefix-cache"], True, 64, 0.0),
+                                         (["--prefill-itl-factor", "2.5"], True, 256, 2.5)):
         result = CliRunner().invoke(main, ["serve", artifact, "--port", "0"] + flags)
         assert result.exit_code == 0, result.output
         config = started.pop()
-        assert (config.prefix_cache, config.prefill_budget) == (cache, budget)
+        assert (config.prefix_cache, config.prefill_budget, config.prefill_itl_factor) == (cache, budget, factor)
     result = CliRunner().invoke(main, ["serve", artifact, "--prefill-budget", "0"])
     assert result.exit_code == 2 and "Traceback" not in result.output
+    with pytest.raises(SpecdecError, match="prefill_itl_factor must be > 1"):
+        ServeConfig(artifact="a", prefill_itl_factor=1.0).validate()
+    with pytest.raises(GenerationError, match="ITL factor must be > 1"):
+        BatchEngine(engine, max_batch=2, kv_capacity=64, prefill_itl_factor=0.9)
+    result = CliRunner().invoke(main, ["serve", artifact, "--prefill-itl-factor", "0.5"])
+    assert result.exit_code != 0 and "prefill_itl_factor must be > 1" in result.output and "Traceback" not in result.output
 
 
 def test_a_burst_over_more_slots_than_the_ragged_graph_has_rows_runs_every_request(engine):

@@ -1,0 +1,56 @@
+"""How many prompt tokens a batch engine step prefills: a cap, and while requests run, what their next token can wait.
+
+Prompt chunks ride the running requests' call (batch_admission.py), so every prompt token a step takes
+delays their next token. With an ITL factor F, a step takes at most the prompt tokens that keep its
+estimated cost within F x the cost of the same step without them: a running request's inter-token
+latency stays within F x its idle value during a burst (vLLM's chunked prefill caps tokens only). When
+nothing runs, nobody waits for a token and the cap alone applies: a burst onto an idle engine is
+prefilled in the fewest, largest calls, which cost the least per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+DEFAULT_PREFILL_TOKENS = 512  # the most prompt tokens one step takes
+DEFAULT_ITL_FACTOR = 2.0  # a step with prompt rows costs at most this many times the step without them
+
+
+@dataclass(frozen=True)
+class PrefillBudget:
+    """A step's prompt-token budget: at most `tokens`, and while requests run, what `itl_factor` allows (None: the
+    cap alone)."""
+
+    tokens: int = DEFAULT_PREFILL_TOKENS
+    itl_factor: float | None = DEFAULT_ITL_FACTOR
+
+    def __post_init__(self):
+        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
+            raise ValueError(f"the prefill budget must be an integer >= 1 (prompt tokens a step), got {self.tokens!r}")
+        if self.itl_factor is not None and not self.itl_factor > 1:
+            raise ValueError(f"the prefill ITL factor must be > 1 (or none), got {self.itl_factor!r}")
+
+    def for_step(self, running_tokens: int, step_seconds: Callable[[int], float]) -> int:
+        """Return the prompt tokens this step may prefill, where the running requests feed `running_tokens` tokens
+        and `step_seconds(n)` estimates a step's seconds over n tokens (the measured ragged-call costs)."""
+        if self.itl_factor is None or running_tokens < 1:
+            return self.tokens
+        return itl_bounded_tokens(running_tokens, step_seconds, self.itl_factor, self.tokens)
+
+
+def itl_bounded_tokens(running_tokens: int, step_seconds: Callable[[int], float], factor: float, cap: int) -> int:
+    """Return the most prompt tokens p <= cap with step_seconds(running_tokens + p) <= factor x
+    step_seconds(running_tokens) (0 where none fits; costs are taken as non-decreasing in tokens).
+
+    Example (a step of n tokens costing 20 ms + 1 ms a token, 2 running tokens, factor 2): 22 tokens.
+    """
+    limit = factor * step_seconds(running_tokens)
+    low, high = 0, cap  # step_seconds(running_tokens + low) <= limit holds throughout
+    while low < high:
+        middle = (low + high + 1) // 2
+        if step_seconds(running_tokens + middle) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return low
