@@ -20,6 +20,12 @@ for the whole run (cells not reached are reported as not run; an open-loop cell 
 after it and cancels what still streams), a timeout per request. The figures follow vLLM's
 definitions (serve_load_stats has them); the client is serve_load_client, the report serve_load_report.
 
+Instead of the loops, one scenario a run (serve_load_scenarios): multi-turn chat (--turns: TTFT of each turn,
+later turns over the first), a burst of new prompts beside streaming ones (--burst: their inter-token
+latency idle and in the burst), prefill speed (--prefill-lengths: prompt tokens/s of prompts of exactly L
+tokens). For every cell of a specdec server, its /metrics tells where the time to first token went
+(serve_load_parts). The servers it starts are serve_load_server's.
+
 Why not guidellm or aiperf (checked 2026-12-07, guidellm 0.8.1, aiperf 0.13.0): both drive a local
 OpenAI-compatible server at a fixed or Poisson rate from a prompt file of our own and report TTFT/ITL
 percentiles and goodput (aiperf's --goodput; guidellm's goodput profile), so they fit the measurement,
@@ -37,29 +43,30 @@ import asyncio
 import ipaddress
 import json
 import os
-import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 from urllib.parse import urlparse
 
 import click
 
 from specdec.benchmarks import PROMPTS_FILE
 from specdec.benchmarks.serve_load_client import run_open_round, run_round
+from specdec.benchmarks.serve_load_parts import add_totals, parts_delta, scrape_ttft_parts
+from specdec.benchmarks.serve_load_prompts import load_tokenizer
 from specdec.benchmarks.serve_load_report import DRAFTER_LABELS, Cell, markdown, mismatches, plot, summarize
-from specdec.benchmarks.serve_load_stats import ARRIVALS, GoodputTargets, arrival_times
+from specdec.benchmarks.serve_load_scenario_report import ScenarioCell, scenario_markdown, summarize_scenario
+from specdec.benchmarks.serve_load_scenarios import ScenarioPlan, run_scenario, scenario_text
+from specdec.benchmarks.serve_load_server import ServerProcess
+from specdec.benchmarks.serve_load_stats import ARRIVALS, GoodputTargets, arrival_times, round_sizes, rounds
+from specdec.data import HELDOUT_PROMPTS_FILE
 from specdec.models.errors import SpecdecError
 from specdec.runtime.prompts import load_prompts
 
 SERVER_KINDS = ("process", "ray")
-START_TIMEOUT = 300.0  # seconds for a server (a local Ray and its replicas included) to answer /health
 
 
 def check_loopback(url: str) -> str:
@@ -72,120 +79,6 @@ def check_loopback(url: str) -> str:
     if urlparse(url).scheme not in ("http", "https") or not loopback:
         raise SpecdecError(f"--url must be http://127.0.0.1:PORT or another loopback address, got '{url}'")
     return url.rstrip("/")
-
-
-class ServerProcess:
-    """`specdec serve` in a child process on 127.0.0.1; `stop()` sends SIGTERM and waits."""
-
-    def __init__(self, kind: str, artifact: str, generations: int, cores: int, extra: Sequence[str] = ()):
-        command = [sys.executable, "-m", "specdec.cli.main", "serve", artifact, "--host", "127.0.0.1",
-                   "--max-queue", "64", "--log-level", "warning", *extra]
-        if kind == "ray":
-            from specdec.serve.ray_app import free_port
-
-            command += ["--ray", "--replicas", str(generations), "--replica-cpus", f"{cores / generations:g}",
-                        "--max-concurrency", "1", "--port", str(free_port("127.0.0.1"))]
-        else:
-            command += ["--max-concurrency", str(generations), "--port", "0"]
-        self.kind, self.command = kind, command
-        self.output: list[str] = []
-        self.url: str | None = None
-        self._listening = threading.Event()
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)  # Ray's processes stay in its session
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-            match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-            if match:
-                self.url = match.group(1)
-                self._listening.set()
-
-    def wait_ready(self, timeout: float = START_TIMEOUT) -> str:
-        """Return the server's URL once /health answers 200; raise SpecdecError if it does not in time."""
-        import httpx
-
-        end = time.monotonic() + timeout
-        while not self._listening.wait(0.2):
-            if self.proc.poll() is not None or time.monotonic() > end:
-                raise SpecdecError(f"{self.kind} server did not start: {''.join(self.output)[-1500:]}")
-        assert self.url is not None
-        while time.monotonic() < end:
-            try:
-                if httpx.get(self.url + "/health", timeout=5, trust_env=False).status_code == 200:
-                    return self.url
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise SpecdecError(f"{self.kind} server at {self.url} never became healthy")
-
-    def cpu_seconds(self) -> float:
-        """Return the user + system CPU seconds of the server's live process tree (Ray's processes included)."""
-        return tree_cpu_seconds(self.proc.pid)
-
-    def stop(self, timeout: float = 120.0) -> None:
-        """SIGTERM the server and wait; kill its process group if it has not exited in `timeout` seconds."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """Return the CPU seconds (user + system) of `root` and its live descendants, read from /proc (0 elsewhere)."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry)] = int(fields[1])
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    total, todo, seen = 0.0, [root], set()
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
-        children.setdefault(ppid, []).append(pid)
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        total += times.get(pid, 0.0)
-        todo += children.get(pid, [])
-    return total
-
-
-def rounds(servers: Sequence[str], drafters: Sequence[str], concurrency: Sequence[float], repeats: int,
-           plain: Sequence[str] = ()) -> Iterator[tuple[float, int, str, str]]:
-    """Yield (load, round, server, drafter) in run order: per load (clients, or an open-loop rate), rounds
-    alternate all pairs.
-
-    A `plain` server (not specdec) runs only its own decoding, under the drafter label "none"."""
-    for c in concurrency:
-        for repeat in range(repeats):
-            pairs = [(s, d) for s in servers for d in drafters if s not in plain or d == "none"]
-            if repeat % 2:  # the second round runs the pairs backwards, so no pair always runs first
-                pairs.reverse()
-            for server, drafter in pairs:
-                yield c, repeat, server, drafter
-
-
-def round_sizes(requests: int, repeats: int, clients: int, min_waves: int = 0) -> list[int]:
-    """Return the requests of each round of a cell: `requests` split over `repeats` rounds, but at least
-    `min_waves` x `clients` a round."""
-    return [max(requests // repeats + (1 if r < requests % repeats else 0), min_waves * clients)
-            for r in range(repeats)]
 
 
 def _loadavg() -> str:
@@ -235,6 +128,28 @@ def _csv(kind: type, text: str, name: str) -> list:
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Open loop: seed of the Poisson schedule; each round draws its own from (seed, round), the "
                    "same for every server and drafter of that round.")
+@click.option("--turns", type=click.IntRange(min=2), default=None, metavar="N",
+              help="Multi-turn chat instead of single requests: each closed-loop client (--concurrency) runs "
+                   "conversations of N turns, sending each turn when the last ended: turn 1 a prompt, turn 2 the "
+                   "prompt, the streamed answer as the assistant's message and a follow-up (one of a fixed list, "
+                   "chosen per conversation), and so on; --requests counts conversations. Reports TTFT p50/p90 of "
+                   "each turn and each later turn over the first (the target: turn 2 <= 0.5x turn 1, its prefix "
+                   "cached). Every server gets the same messages.")
+@click.option("--burst", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Inter-token latency during a burst: --burst-running long requests stream (max_tokens 192; "
+                   "ignore_eos where the server is not specdec, which refuses it: the report gives the tokens each "
+                   "ran) alone for 1.5 s, then N new prompts arrive at once; once per round. Reports the running "
+                   "requests' chunk gaps idle and in the burst (from its send until every burst request has its "
+                   "first token, the gap spanning that end included), p50/p99 each, p99 burst over idle (the "
+                   "target: <= 2x), and the burst's TTFT p50/p90.")
+@click.option("--burst-running", type=click.IntRange(min=1), default=2, show_default=True, metavar="M",
+              help="--burst: requests already streaming when the burst arrives.")
+@click.option("--prefill-lengths", default=None, metavar="L[,L...]",
+              help="Prefill speed: per length, single raw-prompt requests (/v1/completions, no chat template, "
+                   "max_tokens 1, target-only, nothing else running) of exactly L prompt tokens, cut with "
+                   "ARTIFACT's tokenizer (give ARTIFACT beside --url), a different text every request so that no "
+                   "prefix cache helps; --rounds requests per server and length after a warm-up one. Reports "
+                   "prompt tokens / TTFT (median) and the prompt tokens each server counted.")
 @click.option("--goodput-ttft", type=click.FloatRange(min=0), default=0.5, show_default=True,
               help="Goodput target: a request's time to first token, seconds (inclusive).")
 @click.option("--goodput-itl", type=click.FloatRange(min=0), default=0.1, show_default=True,
@@ -244,11 +159,13 @@ def _csv(kind: type, text: str, name: str) -> list:
               help="Goodput target: a request's end-to-end latency, seconds (default: none). Goodput is the "
                    "requests that met every target, per second and as a share of those sent (vLLM's --goodput).")
 @click.option("--drafters", default="none,ngram", show_default=True,
-              help="Drafters to compare (comma list of none, ngram, model, auto); 'none' is target-only.")
+              help="Drafters to compare (comma list of none, ngram, model, auto); 'none' is target-only "
+                   "(--prefill-lengths runs that only).")
 @click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto",
               help="K sent with every request (default: the server's).")
 @click.option("--requests", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Requests per cell (server x drafter x clients or rate), split over --rounds.")
+              help="Requests per cell (server x drafter x clients or rate), split over --rounds (--turns: "
+                   "conversations; --burst and --prefill-lengths send one burst or prompt a round instead).")
 @click.option("--rounds", "repeats", type=click.IntRange(min=1), default=2, show_default=True,
               help="Rounds per load; each round runs every server x drafter once, alternating.")
 @click.option("--min-waves", type=click.IntRange(min=0), default=0, show_default=True,
@@ -256,9 +173,12 @@ def _csv(kind: type, text: str, name: str) -> list:
                    "--requests): a round of one wave (16 requests for 16 clients) is one burst and its tail, a "
                    "few seconds that the box's noise dominates.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
-              help="max_tokens of every request.")
+              help="max_tokens of every request (--turns: of every turn; --burst: of the burst's requests; "
+                   "--prefill-lengths: 1).")
 @click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), default=None,
-              help="Prompt set (JSON lines with \"prompt\"). Default: specdec's benchmark prompts.")
+              help="Prompt set (JSON lines with \"prompt\"). Default: specdec's benchmark prompts; for --turns, "
+                   "--burst and --prefill-lengths its held-out prompts (each request numbered, \"Request 17: ...\", "
+                   "so that no server's prefix cache holds one sent before).")
 @click.option("--model", default=None, help="`model` sent with requests (default: none, the server's).")
 @click.option("--time-limit", type=click.FloatRange(min=1), default=1800.0, show_default=True,
               help="Seconds for the whole run; no new cell starts after it. An open-loop cell also sends "
@@ -270,9 +190,18 @@ def _csv(kind: type, text: str, name: str) -> list:
 @click.pass_context
 def main(ctx, **options) -> None:
     """Drive specdec serve (and other OpenAI servers) with streaming clients on loopback, closed loop or at a
-    fixed request rate; print throughput, latency percentiles and goodput."""
+    fixed request rate; print throughput, latency percentiles and goodput. Or run one scenario: multi-turn chat
+    (--turns), a burst beside running requests (--burst), prefill speed (--prefill-lengths). After each table,
+    for specdec servers: where the time to first token went (/metrics' specdec:ttft_part_seconds, read around
+    every round; left out where a server has none)."""
     if options["rates"] is not None and ctx.get_parameter_source("concurrency") != click.core.ParameterSource.DEFAULT:
         raise click.UsageError("give --concurrency (closed loop) or --rate (open loop), not both")
+    given = [flag for flag, key in (("--rate", "rates"), ("--turns", "turns"), ("--burst", "burst"),
+                                    ("--prefill-lengths", "prefill_lengths")) if options[key] is not None]
+    if len(given) > 1:
+        raise click.UsageError(f"give one of {', '.join(given)}: each is a run of its own")
+    if options["plot_path"] and set(given) - {"--rate"}:
+        raise click.UsageError(f"--plot draws the closed or open loop, not {given[0]}")
     try:
         _main(**options)
     except SpecdecError as err:
@@ -297,64 +226,118 @@ class _Rounds:
 
 def _main(*, artifact, servers, urls, plain, plot_path, generations, concurrency, rates, arrivals, seed,
           goodput_ttft, goodput_itl, goodput_e2el, drafters, num_draft_tokens, requests, repeats, min_waves,
-          max_tokens, prompts_path, model, time_limit, output, as_json) -> None:
+          max_tokens, prompts_path, model, time_limit, output, as_json, turns, burst, burst_running,
+          prefill_lengths) -> None:
+    scenario = "turns" if turns else "burst" if burst else "prefill" if prefill_lengths else None
     open_loop = rates is not None
     loads, drafter_list = _checked_loads_and_drafters(concurrency, rates, drafters)
+    if scenario in ("burst", "prefill"):  # one burst size, or the prompt lengths, stand where client counts do
+        loads = [burst] if burst else _csv(int, prefill_lengths, "--prefill-lengths")
+        if scenario == "prefill" and min(loads) < 2:
+            raise click.BadParameter("prompt lengths must be >= 2 tokens", param_hint="--prefill-lengths")
     targets_met = GoodputTargets(ttft=goodput_ttft, itl=goodput_itl, e2el=goodput_e2el)
-    cases = load_prompts(prompts_path or PROMPTS_FILE)
+    prompts_file = Path(prompts_path or (HELDOUT_PROMPTS_FILE if scenario else PROMPTS_FILE))
+    cases = load_prompts(prompts_file)
     targets, kinds = _checked_servers(artifact, servers, urls)
-    cores = os.cpu_count() or 1
-    plan = _Rounds(model, cases, max_tokens, num_draft_tokens, requests, repeats, min_waves, seed, arrivals,
-                   time.perf_counter() + time_limit)
+    if scenario == "prefill" and not artifact:
+        raise click.UsageError("--prefill-lengths needs ARTIFACT (its tokenizer cuts the prompts), --url or not")
+    deadline = time.perf_counter() + time_limit
+    plan = _Rounds(model, cases, max_tokens, num_draft_tokens, requests, repeats, min_waves, seed, arrivals, deadline)
+    scenario_plan = None if scenario is None else ScenarioPlan(
+        scenario, model, cases, max_tokens, num_draft_tokens, requests, repeats, deadline, turns=turns or 1,
+        running=burst_running, tokenizer=load_tokenizer(artifact) if scenario == "prefill" else None)
     load_before = _loadavg()
-    cells: dict[tuple[str, str, float], Cell] = {}
-    not_run: list[str] = []
-    started_here: dict[str, ServerProcess] = {}
     with ExitStack() as stack:
-        for kind in kinds:
-            click.echo(f"starting the {kind} server ...", err=True)
-            server = ServerProcess(kind, artifact, generations, cores)
-            stack.callback(server.stop)
-            targets[kind] = server.wait_ready()
-            started_here[kind] = server
+        started_here = _start_servers(stack, kinds, artifact, generations, targets)
         unknown = [name for name in plain if name not in targets]
         if unknown:
             raise click.BadParameter(f"'{unknown[0]}' names no --url server", param_hint="--plain")
         for name, url in targets.items():  # warm-up: the first request of a drafter loads and calibrates
-            for drafter in (["none"] if name in plain else drafter_list):
+            for drafter in (["none"] if name in plain or scenario == "prefill" else drafter_list):
                 asyncio.run(run_round(url, model, cases, drafter, 1, 1, 0, 8, num_draft_tokens, name in plain))
-        for load, repeat, name, drafter in rounds(list(targets), drafter_list, loads, repeats, plain):
-            key = (name, drafter, load)
-            cell = cells.setdefault(key, Cell(name, drafter, None if open_loop else int(load),
-                                              rate=load if open_loop else None))
-            if time.perf_counter() > plan.deadline:
-                not_run.append(f"{name}/{drafter}/{'r' if open_loop else 'c'}{load:g}/round{repeat + 1}")
-                continue
-            _play_round(cell, targets[name], name in plain, started_here.get(name), open_loop, load, repeat, plan)
+        if scenario_plan:
+            scenario_cells, not_run = run_scenario(scenario_plan, targets, plain, drafter_list, loads)
+        else:
+            cells, not_run = _run_loops(targets, plain, started_here, drafter_list, loads, open_loop, plan)
+    load_text = (scenario_text(scenario_plan, loads) if scenario_plan else _load_text(
+        open_loop, arrivals, loads, seed, min_waves, max_tokens, requests, repeats))
+    setup = {"setup": (f"{_servers_text(targets, kinds, generations)}; {len(cases)} prompts ({prompts_file.name}); "
+                       f"{load_text}; machine load average {load_before} at the start, {_loadavg()} at the end"),
+             "command": " ".join(["python -m specdec.benchmarks.serve_load", *sys.argv[1:]]),
+             "mode": scenario or ("open" if open_loop else "closed"), "not_run": not_run}
+    if scenario_plan:
+        summaries = [summarize_scenario(cell) for cell in scenario_cells]
+        _write_results(setup, summaries, [_cell_json(c) for c in scenario_cells],
+                       scenario_markdown(summaries, setup), output, None, as_json)
+        return
     order = list(targets)
-    summaries = [summarize(cells[key], targets_met)
-                 for key in sorted(cells, key=lambda k: (order.index(k[0]), k[2], drafter_list.index(k[1])))]
+    keys = sorted(cells, key=lambda k: (order.index(k[0]), k[2], drafter_list.index(k[1])))
+    summaries = [summarize(cells[key], targets_met) for key in keys]
     differ = mismatches([cell for cell in cells.values() if cell.server not in plain])
-    goal = ", ".join(f"{what} <= {bound:g} s" for what, bound in (("TTFT", targets_met.ttft),
-                     ("TPOT", targets_met.itl), ("e2e", targets_met.e2el)) if bound is not None)
-    load_text = (f"open loop: {arrivals} arrivals at {', '.join(f'{r:g}' for r in loads)} requests/s (seed {seed})"
-                 if open_loop else "closed-loop clients")
-    setup = {
-        "setup": (f"{cores} cores; servers {', '.join(targets)}; "
-                  + (f"{generations} concurrent generations per server (engine threads {max(1, cores // generations)} "
-                     "each); " if kinds else "servers started by the caller, as configured there; ")
-                  + f"{len(cases)} prompts "
-                  f"({Path(prompts_path or PROMPTS_FILE).name}), streamed greedy chat completions, max_tokens "
-                  f"{max_tokens}; {requests} requests per cell in {repeats} alternating rounds"
-                  + (f" (at least {min_waves} per client a round)" if min_waves and not open_loop else "")
-                  + f"; {load_text}; machine load average {load_before} at the start, {_loadavg()} at the end"),
-        "command": " ".join(["python -m specdec.benchmarks.serve_load", *sys.argv[1:]]),
-        "mode": "open" if open_loop else "closed",
-        "goodput": goal or "no target",
-        "equal_texts": "yes" if not differ else f"no: prompts {', '.join(differ)} differ",
-        "not_run": not_run,
-    }
-    _write_results(setup, summaries, cells, output, plot_path, as_json)
+    setup["goodput"] = ", ".join(f"{what} <= {bound:g} s" for what, bound in (
+        ("TTFT", targets_met.ttft), ("TPOT", targets_met.itl), ("e2e", targets_met.e2el)) if bound is not None
+    ) or "no target"
+    setup["equal_texts"] = "yes" if not differ else f"no: prompts {', '.join(differ)} differ"
+    _write_results(setup, summaries, [_cell_json(cells[key]) for key in keys],
+                   markdown(summaries, setup), output, plot_path, as_json)
+
+
+def _start_servers(stack: ExitStack, kinds: Sequence[str], artifact, generations: int,
+                   targets: dict[str, str]) -> dict[str, ServerProcess]:
+    """Start a specdec server of each kind (stopped when `stack` closes), add its URL to `targets`; return them."""
+    started: dict[str, ServerProcess] = {}
+    for kind in kinds:
+        click.echo(f"starting the {kind} server ...", err=True)
+        server = ServerProcess(kind, artifact, generations, os.cpu_count() or 1)
+        stack.callback(server.stop)
+        targets[kind] = server.wait_ready()
+        started[kind] = server
+    return started
+
+
+def _run_loops(targets: dict[str, str], plain: Sequence[str], started_here: dict[str, ServerProcess],
+               drafters: Sequence[str], loads: Sequence[float], open_loop: bool,
+               plan: _Rounds) -> tuple[dict[tuple[str, str, float], Cell], list[str]]:
+    """Run every round of the closed or open loop; return the cells by (server, drafter, load) and the rounds the
+    time limit left out."""
+    cells: dict[tuple[str, str, float], Cell] = {}
+    not_run: list[str] = []
+    for load, repeat, name, drafter in rounds(list(targets), drafters, loads, plan.repeats, plain):
+        cell = cells.setdefault((name, drafter, load), Cell(name, drafter, None if open_loop else int(load),
+                                                            rate=load if open_loop else None))
+        if time.perf_counter() > plan.deadline:
+            not_run.append(f"{name}/{drafter}/{'r' if open_loop else 'c'}{load:g}/round{repeat + 1}")
+            continue
+        _play_round(cell, targets[name], name in plain, started_here.get(name), open_loop, load, repeat, plan)
+    return cells, not_run
+
+
+def _servers_text(targets: dict[str, str], kinds: Sequence[str], generations: int) -> str:
+    """Return the setup's words on the machine and the servers."""
+    cores = os.cpu_count() or 1
+    return (f"{cores} cores; servers {', '.join(targets)}; "
+            + (f"{generations} concurrent generations per server (engine threads {max(1, cores // generations)} "
+               "each)" if kinds else "servers started by the caller, as configured there"))
+
+
+def _load_text(open_loop: bool, arrivals: str, loads: Sequence[float], seed: int, min_waves: int, max_tokens: int,
+               requests: int, repeats: int) -> str:
+    """Return the setup's words on the load: what is sent, open-loop arrivals and rates, or closed-loop clients."""
+    sent = (f"streamed greedy chat completions, max_tokens {max_tokens}; {requests} requests per cell in {repeats} "
+            "alternating rounds")
+    if open_loop:
+        rates = ", ".join(f"{r:g}" for r in loads)
+        return f"{sent}; open loop: {arrivals} arrivals at {rates} requests/s (seed {seed})"
+    return (f"{sent}" + (f" (at least {min_waves} per client a round)" if min_waves else "")
+            + "; closed-loop clients")
+
+
+def _cell_json(cell: Cell | ScenarioCell) -> dict:
+    """Return a cell as JSON: its fields and every record (a scenario's by role: {"turn1": [...], ...})."""
+    fields = {k: v for k, v in asdict(cell).items() if k != "records"}
+    if isinstance(cell.records, dict):
+        return {**fields, "records": {role: [asdict(r) for r in rs] for role, rs in cell.records.items()}}
+    return {**fields, "records": [asdict(r) for r in cell.records]}
 
 
 def _checked_loads_and_drafters(concurrency: str, rates: str | None, drafters: str) -> tuple[list[float], list[str]]:
@@ -393,6 +376,7 @@ def _play_round(cell: Cell, url: str, plain: bool, process: ServerProcess | None
     """Send round `repeat` of `cell` to the server at `url` (open loop at rate `load`, else `load` closed-loop
     clients), add its records, time and server CPU to the cell, and print a line on stderr."""
     cpu_before = process.cpu_seconds() if process else None
+    parts_before = None if plain else scrape_ttft_parts(url)
     sizes = round_sizes(plan.requests, plan.repeats, 1 if open_loop else int(load), 0 if open_loop else plan.min_waves)
     if open_loop:
         # every server and drafter of a round gets the same schedule and prompts
@@ -410,6 +394,8 @@ def _play_round(cell: Cell, url: str, plain: bool, process: ServerProcess | None
         unsent = 0
     cell.records += records
     cell.seconds += seconds
+    if not plain:
+        add_totals(cell.parts, parts_delta(parts_before, scrape_ttft_parts(url)))
     if process is not None:
         cell.cpu_seconds = (cell.cpu_seconds or 0.0) + process.cpu_seconds() - cpu_before
     failed = [r for r in records if not r.ok]
@@ -421,17 +407,15 @@ def _play_round(cell: Cell, url: str, plain: bool, process: ServerProcess | None
                + (f", {len(failed)} failed ({failed[0].error})" if failed else ""), err=True)
 
 
-def _write_results(setup: dict, summaries: list, cells: dict, output, plot_path, as_json: bool) -> None:
-    """Write serve_load.json and serve_load.md into `output` and the plot to `plot_path` where given; print the
-    Markdown table, or the setup and summaries as JSON."""
-    table = markdown(summaries, setup)
+def _write_results(setup: dict, summaries: list, cells_json: list, table: str, output, plot_path,
+                   as_json: bool) -> None:
+    """Write serve_load.json (setup, summaries, cells with every record) and serve_load.md (`table`) into
+    `output` and the plot to `plot_path` where given; print the table, or the setup and summaries as JSON."""
     if output:
         folder = Path(output)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "serve_load.json").write_text(json.dumps(
-            {"setup": setup, "summaries": summaries,
-             "cells": [{**{k: v for k, v in asdict(c).items() if k != "records"},
-                        "records": [asdict(r) for r in c.records]} for c in cells.values()]}, indent=1))
+            {"setup": setup, "summaries": summaries, "cells": cells_json}, indent=1))
         (folder / "serve_load.md").write_text(table)
     if plot_path:
         plot(summaries, plot_path)

@@ -1,4 +1,4 @@
-"""The load generator's client side: one streamed chat completion timed chunk by chunk, a closed-loop
+"""The load generator's client side: one streamed chat (or text) completion timed chunk by chunk, a closed-loop
 round (N clients, each sending its next request when the last one ended) and an open-loop round
 (requests sent at scheduled times whatever is still running, stopped at a deadline)."""
 
@@ -37,6 +37,8 @@ class Record:
     finish_reason: str | None = None
     prediction_tokens: tuple[int, int] | None = None  # usage's (accepted, rejected) prediction tokens, if given
     stats: dict = field(default_factory=dict)  # the response's "specdec" object (specdec_stats), as sent
+    prompt_tokens: int | None = None  # usage's prompt tokens, as the server counted them
+    started: float | None = None  # time.perf_counter() when it was sent (chunk_times count from here)
 
 
 def merge_tool_call_deltas(calls: list[dict], deltas: Sequence[dict]) -> None:
@@ -65,12 +67,13 @@ def parse_sse_line(line: str) -> dict | None:
 
 async def one_request(client, url: str, model: str | None, case: PromptCase, drafter: str,
                       max_tokens: int, num_draft_tokens: str | None, plain: bool = False,
-                      extra: Mapping[str, Any] | None = None) -> Record:
-    """Send one greedy streamed chat completion and time each chunk of text or tool-call arguments; never
-    raises (errors are recorded).
+                      extra: Mapping[str, Any] | None = None, record: Record | None = None) -> Record:
+    """Send one greedy streamed chat completion and time each chunk of text or tool-call arguments; return its
+    record (never raises: errors are recorded).
 
     `plain`: a server that is not specdec (llama-server, vLLM): only OpenAI's own fields are sent.
-    `extra`: fields added to the body (response_format, tools, prediction, ...), as given.
+    `extra`: fields added to the body (response_format, tools, prediction, messages, ...), as given.
+    `record`: the record to fill (a caller may watch its chunk_times grow while the answer streams).
     """
     # continuous_usage_stats: vLLM then reports the running token count with every chunk, so a chunk of
     # several tokens counts as several gaps (serve_load_stats.inter_token_latencies); others ignore it
@@ -84,15 +87,33 @@ async def one_request(client, url: str, model: str | None, case: PromptCase, dra
     body.update(extra or {})
     if num_draft_tokens is not None and not plain:
         body["num_draft_tokens"] = num_draft_tokens if num_draft_tokens == "auto" else int(num_draft_tokens)
-    record = Record(case.id, ok=False)
+    return await stream_request(client, url + "/v1/chat/completions", body, plain,
+                                record if record is not None else Record(case.id, ok=False))
+
+
+async def one_completion(client, url: str, model: str | None, prompt_id: str, prompt: str, max_tokens: int,
+                         plain: bool = False) -> Record:
+    """Send one greedy streamed text completion of the raw `prompt` (/v1/completions: no chat template) and
+    return its record, `prompt_tokens` as the server reported them (never raises)."""
+    body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if not plain:
+        body["drafter"] = "none"  # the target's own prefill, no draft model's beside it
+    if model:
+        body["model"] = model
+    return await stream_request(client, url + "/v1/completions", body, plain, Record(prompt_id, ok=False))
+
+
+async def stream_request(client, endpoint: str, body: Mapping[str, Any], plain: bool, record: Record) -> Record:
+    """POST `body` to `endpoint` as a stream, time each chunk with text (chat's delta.content, completions' text)
+    or tool-call arguments into `record`, and return it (never raises: errors are recorded)."""
     pieces: list[str] = []
-    start = time.perf_counter()
+    start = record.started = time.perf_counter()
     try:
         # A fresh connection per request for other servers: llama-server drops idle keep-alive connections,
         # and a request sent on one it just closed fails without a response.
         headers = {"Connection": "close"} if plain else None
-        async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers,
-                                 timeout=REQUEST_TIMEOUT) as reply:
+        async with client.stream("POST", endpoint, json=body, headers=headers, timeout=REQUEST_TIMEOUT) as reply:
             if reply.status_code != 200:
                 record.error = f"HTTP {reply.status_code}: {(await reply.aread())[:200]!r}"
                 return record
@@ -100,34 +121,10 @@ async def one_request(client, url: str, model: str | None, case: PromptCase, dra
                 event = parse_sse_line(line)
                 if event is None:
                     continue
-                now = time.perf_counter() - start
                 if "error" in event:
                     record.error = str(event["error"].get("message"))
                     return record
-                text = "".join(choice.get("delta", {}).get("content") or "" for choice in event.get("choices", []))
-                calls = [call for choice in event.get("choices", []) for call in choice.get("delta", {}).get(
-                    "tool_calls") or []]
-                merge_tool_call_deltas(record.tool_calls, calls)
-                # a tool call's text is its arguments: their chunks time the answer as content chunks do
-                if text or any((call.get("function") or {}).get("arguments") for call in calls):
-                    record.chunk_times.append(now)
-                    pieces.append(text)
-                    if (event.get("usage") or {}).get("completion_tokens") is not None:
-                        record.chunk_tokens.append(event["usage"]["completion_tokens"])
-                for choice in event.get("choices", []):
-                    record.finish_reason = choice.get("finish_reason") or record.finish_reason
-                if event.get("usage"):
-                    record.tokens = event["usage"]["completion_tokens"]
-                    details = event["usage"].get("completion_tokens_details") or {}
-                    if "accepted_prediction_tokens" in details:
-                        record.prediction_tokens = (details["accepted_prediction_tokens"],
-                                                    details.get("rejected_prediction_tokens", 0))
-                stats = event.get("specdec")
-                if stats:
-                    record.stats = stats
-                    record.target_calls = stats.get("target_calls", 0)
-                    record.drafted = stats.get("drafted", 0)
-                    record.accepted = stats.get("accepted", 0)
+                _read_event(event, time.perf_counter() - start, record, pieces)
     except Exception as err:  # a timeout or a dropped connection is a failed request, not a crash
         record.error = f"{type(err).__name__}: {err}"
         return record
@@ -140,7 +137,37 @@ async def one_request(client, url: str, model: str | None, case: PromptCase, dra
     return record
 
 
-def _client(connections: int | None):
+def _read_event(event: dict, now: float, record: Record, pieces: list[str]) -> None:
+    """Fold one streamed event, received `now` seconds after sending, into `record` (text into `pieces`)."""
+    choices = event.get("choices", [])
+    text = "".join((choice.get("delta") or {}).get("content") or choice.get("text") or "" for choice in choices)
+    calls = [call for choice in choices for call in (choice.get("delta") or {}).get("tool_calls") or []]
+    merge_tool_call_deltas(record.tool_calls, calls)
+    # a tool call's text is its arguments: their chunks time the answer as content chunks do
+    if text or any((call.get("function") or {}).get("arguments") for call in calls):
+        record.chunk_times.append(now)
+        pieces.append(text)
+        if (event.get("usage") or {}).get("completion_tokens") is not None:
+            record.chunk_tokens.append(event["usage"]["completion_tokens"])
+    for choice in choices:
+        record.finish_reason = choice.get("finish_reason") or record.finish_reason
+    if event.get("usage"):
+        record.tokens = event["usage"].get("completion_tokens") or 0
+        record.prompt_tokens = event["usage"].get("prompt_tokens", record.prompt_tokens)
+        details = event["usage"].get("completion_tokens_details") or {}
+        if "accepted_prediction_tokens" in details:
+            record.prediction_tokens = (details["accepted_prediction_tokens"],
+                                        details.get("rejected_prediction_tokens", 0))
+    stats = event.get("specdec")
+    if stats:
+        record.stats = stats
+        record.target_calls = stats.get("target_calls", 0)
+        record.drafted = stats.get("drafted", 0)
+        record.accepted = stats.get("accepted", 0)
+
+
+def http_client(connections: int | None):
+    """Return an httpx.AsyncClient for loopback (no proxy from the environment) with at most `connections`."""
     import httpx
 
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
@@ -155,7 +182,7 @@ async def run_round(url: str, model: str | None, cases: Sequence[PromptCase], dr
     `extras`: body fields per case id, added to that case's requests (one_request's `extra`)."""
     queue = list(range(offset, offset + requests))
     records: list[Record] = []
-    async with _client(concurrency) as client:
+    async with http_client(concurrency) as client:
         async def worker() -> None:
             while queue:
                 index = queue.pop(0)
@@ -177,7 +204,7 @@ async def run_open_round(url: str, model: str | None, cases: Sequence[PromptCase
     still streaming then are cancelled and recorded as failed. Return the records (in send order), the
     wall time from the first send to the last end (or the deadline), and how many were never sent.
     """
-    async with _client(None) as client:  # no connection cap: the schedule, not a pool, sets the load
+    async with http_client(None) as client:  # no connection cap: the schedule, not a pool, sets the load
         start = time.perf_counter()
         sent: list[tuple[Record, asyncio.Task]] = []
         for i, at in enumerate(arrivals):

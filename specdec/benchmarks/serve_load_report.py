@@ -4,9 +4,10 @@ goodput), the greedy-text comparison, the markdown table and the plot."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from specdec.benchmarks.serve_load_client import Record
+from specdec.benchmarks.serve_load_parts import PARTS, part_means_ms
 from specdec.benchmarks.serve_load_stats import (GoodputTargets, achieved_rate, count_good, inter_token_latencies,
                                                  percentiles, time_per_output_token)
 
@@ -27,6 +28,7 @@ class Cell:
     rate: float | None = None  # open loop: the requests/s asked for
     send_times: list[list[float]] = field(default_factory=list)  # open loop: per round, when each was sent
     not_sent: int = 0  # open loop: scheduled requests that the time limit kept from being sent
+    parts: dict[str, list[float]] = field(default_factory=dict)  # TTFT part -> [Δsum s, Δcount] from /metrics
 
 
 def summarize(cell: Cell, targets: GoodputTargets = GoodputTargets()) -> dict[str, Any]:
@@ -64,6 +66,8 @@ def summarize(cell: Cell, targets: GoodputTargets = GoodputTargets()) -> dict[st
         # decode calls only: the prefill is one call per request whatever the drafter
         "tokens_per_target_call": (tokens - len(done)) / (calls - len(done)) if calls > len(done) else None,
         "acceptance_rate": sum(r.accepted for r in done) / drafted if drafted else None,
+        "ttft_mean": sum(ttft) / len(ttft) if ttft else None,  # beside the server's TTFT parts, which add up to it
+        "ttft_parts_ms": part_means_ms(cell.parts),
     }
 
 
@@ -115,7 +119,26 @@ def markdown(summaries: Sequence[dict[str, Any]], setup: dict[str, Any]) -> str:
               f"Greedy texts equal across drafters and servers: {setup['equal_texts']}"]
     if setup.get("not_run"):
         lines.append(f"Not run (time limit): {', '.join(setup['not_run'])}")
+    lines += parts_table(summaries, "req/s asked" if open_loop else "clients", _load)
     return "\n".join(lines) + "\n"
+
+
+def parts_table(summaries: Sequence[dict[str, Any]], load_name: str, load_of: Callable[[dict], str]) -> list[str]:
+    """Return the lines of the TTFT-parts table (a blank line first): per cell of a specdec server that exports
+    them, each part's mean ms, their sum and the client's mean TTFT; no lines when no cell has them."""
+    rows = [s for s in summaries if s.get("ttft_parts_ms")]
+    if not rows:
+        return []
+    lines = ["", "Where the first token's time went (specdec's `specdec:ttft_part_seconds`: mean ms per request "
+             "over every request of the cell; the client's TTFT also holds the network's share):", "",
+             f"| server | {load_name} | decoding | " + " | ".join(PARTS) + " | sum of parts | client TTFT mean |",
+             "|---|---:|---|" + "---:|" * (len(PARTS) + 2)]
+    for s in rows:
+        means, mean = s["ttft_parts_ms"], s.get("ttft_mean")
+        lines.append(f"| {s['server']} | {load_of(s)} | {DRAFTER_LABELS.get(s['drafter'], s['drafter'])} | "
+                     + " | ".join(_fmt(means.get(p), 1) for p in PARTS)
+                     + f" | {_fmt(means.get('sum'), 1)} | {_fmt(None if mean is None else 1000 * mean, 1)} |")
+    return lines
 
 
 def plot(summaries: Sequence[dict[str, Any]], path: str) -> None:

@@ -1,6 +1,6 @@
-"""The load generator's pure math: arrival schedules, inter-token latencies from chunk timestamps,
-time per output token, percentiles and goodput. No I/O; every function is tested with hand-made cases
-(tests/bench/test_serve_load_stats.py).
+"""The load generator's pure math: the order of its rounds, arrival schedules, inter-token latencies from chunk
+timestamps (and their split into an idle and a burst window), time per output token, percentiles and goodput.
+No I/O; every function is tested with hand-made cases (tests/bench/test_serve_load_stats.py).
 
 Definitions follow vLLM's `benchmark_serving` (benchmarks/benchmark_serving.py, now
 vllm/benchmarks/serve.py) so figures read alike:
@@ -14,7 +14,7 @@ vllm/benchmarks/serve.py) so figures read alike:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -118,3 +118,45 @@ def achieved_rate(send_times: Sequence[Sequence[float]]) -> float | None:
     gaps = sum(max(len(times) - 1, 0) for times in send_times)
     span = sum(float(max(times)) - float(min(times)) for times in send_times if len(times) > 1)
     return gaps / span if gaps and span > 0 else None
+
+
+def window_gaps(chunk_times: Sequence[float], idle: tuple[float, float],
+                burst: tuple[float, float]) -> tuple[list[float], list[float]]:
+    """Return (idle gaps, burst gaps): a running request's gaps between successive text chunks, split by window.
+
+    chunk_times: [chunks] when each text chunk arrived, on the clock the windows use.
+    idle: (start, end) of the idle window; a gap counts there when it lies wholly inside it.
+    burst: (start, end) of the burst window (from sending the burst until its last request's first token); a
+    gap counts there when it overlaps it: the gap the burst's arrival cut into and the one it ended in
+    (the "one gap after") count too.
+    E.g. times [0, 1, 2, 3, 5, 6], idle (0, 2.5), burst (2.5, 4) -> ([1, 1], [1, 2]).
+    """
+    idle_gaps, burst_gaps = [], []
+    for before, after in zip(chunk_times, chunk_times[1:]):
+        if idle[0] <= before and after <= idle[1]:
+            idle_gaps.append(after - before)
+        if after > burst[0] and before < burst[1]:
+            burst_gaps.append(after - before)
+    return idle_gaps, burst_gaps
+
+
+def rounds(servers: Sequence[str], drafters: Sequence[str], concurrency: Sequence[float], repeats: int,
+           plain: Sequence[str] = ()) -> Iterator[tuple[float, int, str, str]]:
+    """Yield (load, round, server, drafter) in run order: per load (clients, or an open-loop rate), rounds
+    alternate all pairs.
+
+    A `plain` server (not specdec) runs only its own decoding, under the drafter label "none"."""
+    for c in concurrency:
+        for repeat in range(repeats):
+            pairs = [(s, d) for s in servers for d in drafters if s not in plain or d == "none"]
+            if repeat % 2:  # the second round runs the pairs backwards, so no pair always runs first
+                pairs.reverse()
+            for server, drafter in pairs:
+                yield c, repeat, server, drafter
+
+
+def round_sizes(requests: int, repeats: int, clients: int, min_waves: int = 0) -> list[int]:
+    """Return the requests of each round of a cell: `requests` split over `repeats` rounds, but at least
+    `min_waves` x `clients` a round."""
+    return [max(requests // repeats + (1 if r < requests % repeats else 0), min_waves * clients)
+            for r in range(repeats)]

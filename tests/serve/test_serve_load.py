@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from specdec.benchmarks import serve_load
 from specdec.benchmarks.serve_load_client import Record, parse_sse_line
 from specdec.benchmarks.serve_load_report import Cell, mismatches, summarize
+from specdec.benchmarks.serve_load_server import tree_cpu_seconds
 from specdec.models.errors import SpecdecError
 from tests.serve.conftest import MODEL
 
@@ -119,9 +120,9 @@ def test_tree_cpu_seconds_counts_children(tmp_path):
                                "'-c', 'while True: pass']); time.sleep(60)"], start_new_session=True)
     try:
         end = time.monotonic() + 30
-        while serve_load.tree_cpu_seconds(parent.pid) < 0.3 and time.monotonic() < end:
+        while tree_cpu_seconds(parent.pid) < 0.3 and time.monotonic() < end:
             time.sleep(0.1)
-        assert serve_load.tree_cpu_seconds(parent.pid) >= 0.3
+        assert tree_cpu_seconds(parent.pid) >= 0.3
     finally:
         os.killpg(parent.pid, 9)
         parent.wait()
