@@ -138,7 +138,7 @@ class SlotAdmission:
                 if request.awaits_copy:
                     continue
             prompt, start = request.prompt_ids, request.cache.length
-            end = prefill_end(start, len(prompt), budget)
+            end = prefill_end(start, len(prompt), budget, self.arena.limits_reuse)  # limits: lone rows differ
             if end == start:
                 if planned:
                     break

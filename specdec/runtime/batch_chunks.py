@@ -7,12 +7,14 @@ fresh prefill of the second prompt computes it, bit for bit, as far as these hol
 "Prefix cache"; measured on a 2-core CPU: the tiny models' KV and logits under any chunking and riders,
 and fp32 MatMuls of SmolLM2's shapes over 1 to 320 rows):
 - a row's MatMul outputs do not depend on the other rows of the call (whatever else rides it);
-- attention over a query of 2+ rows gives each row the same bits whatever the rows around it; a lone
-  query row takes MLAS's M = 1 kernel, which sums in another order;
+- attention over a query of 2+ rows gives each row the same bits whatever the rows around it, but the last
+  row of a query of 32m + 1 rows (ATTENTION_BLOCK; onnxruntime 1.32's GroupQueryAttention, both graphs);
+  a lone query row takes MLAS's M = 1 kernel, which sums in another order again (`last_row`);
 - the plain graph's long-call kernel (calls over LONG_CALL_ROWS) rounds otherwise: no chunk passes it.
-The one lone row an aligned prefill computes is a prompt's last position where it follows a multiple of
-C, and a fresh prefill of that prompt computes it alone too; `prefill_start` keeps a reused prefix from
-making any other.
+So a query's last row is the only one that may round otherwise, and only a prompt's last position may be
+such a row: where a fresh aligned prefill makes it one (its last chunk of 1 or 33 tokens), a prefill from a
+reused prefix makes it the same kind (`prefill_start`), and a ragged row ending the prompt does too
+(`prefill_end`). Such a position is never reused (SlotArena.prefilled).
 """
 
 from __future__ import annotations
@@ -20,6 +22,23 @@ from __future__ import annotations
 from specdec.runtime.session import LONG_CALL_ROWS
 
 PREFILL_CHUNK = LONG_CALL_ROWS  # positions per aligned prefill chunk (64)
+ATTENTION_BLOCK = 32  # a query of ATTENTION_BLOCK * m + 1 rows computes its last row otherwise (measured)
+AMONG, ALONE, BLOCK_TAIL = 0, 1, 2  # how a query computes its last row (`last_row`)
+
+
+def last_row(rows: int) -> int:
+    """Return how a query of `rows` rows computes its last row: ALONE (1 row), BLOCK_TAIL (32m + 1 rows, m >= 1:
+    alone in attention's last block) or AMONG the others. Example: 1 -> ALONE; 33, 65 -> BLOCK_TAIL; 40 -> AMONG."""
+    if rows == 1:
+        return ALONE
+    return BLOCK_TAIL if rows % ATTENTION_BLOCK == 1 else AMONG
+
+
+def ends_as_fresh(start: int, prompt_tokens: int, chunk: int = PREFILL_CHUNK) -> bool:
+    """Return whether a query from `start` to the prompt's end computes the last position as a fresh aligned
+    prefill does (its last chunk, of (prompt_tokens - 1) % chunk + 1 tokens). Example (chunk 64): 16 of 33 -> False
+    (17 rows; the fresh chunk has 33); 0 of 65 -> False (65 rows; the fresh chunk has 1); 38 of 40 -> True."""
+    return last_row(prompt_tokens - start) == last_row((prompt_tokens - 1) % chunk + 1)
 
 
 def chunk_end(start: int, prompt_tokens: int, chunk: int = PREFILL_CHUNK) -> int:
@@ -28,16 +47,20 @@ def chunk_end(start: int, prompt_tokens: int, chunk: int = PREFILL_CHUNK) -> int
     return min((start // chunk + 1) * chunk, prompt_tokens)
 
 
-def prefill_end(start: int, prompt_tokens: int, budget: int, chunk: int = PREFILL_CHUNK) -> int:
+def prefill_end(start: int, prompt_tokens: int, budget: int, lone_rows_differ: bool = True,
+                chunk: int = PREFILL_CHUNK) -> int:
     """Return where this step's prefill of a prompt stops, from `start`: the furthest chunk boundary (a multiple of
-    `chunk`, or the prompt's end) at most `budget` tokens on; `start` where its first chunk does not fit.
+    `chunk`, or the prompt's end) at most `budget` tokens on; `start` where its first chunk does not fit. The
+    prompt's end only where a query from `start` computes its last position as a fresh prefill does
+    (`lone_rows_differ`; `ends_as_fresh`), else the boundary before it.
 
     Example (chunk 64, 400 tokens): from 0 with 256 -> 256; from 256 with 256 -> 400; from 0 with 100 -> 64;
-    from 38 with 20 -> 38 (the chunk [38, 64) takes 26).
+    from 38 with 20 -> 38 (the chunk [38, 64) takes 26). 65 tokens from 0 with 256 -> 64 (one query of 65 rows
+    would make position 64 a block's tail, a fresh prefill's plain calls make it a lone row).
     """
-    if start + budget >= prompt_tokens:
+    if start + budget >= prompt_tokens and (not lone_rows_differ or ends_as_fresh(start, prompt_tokens, chunk)):
         return prompt_tokens
-    end = (start + budget) // chunk * chunk
+    end = min(start + budget, prompt_tokens - 1) // chunk * chunk
     return end if end > start else start
 
 
@@ -55,15 +78,21 @@ def chunk_pieces(start: int, end: int, chunk: int = PREFILL_CHUNK) -> list[tuple
 def prefill_start(reusable: int, prompt_tokens: int, lone_rows_differ: bool = True, chunk: int = PREFILL_CHUNK) -> int:
     """Return the position a prompt's prefill starts at when its first `reusable` positions could be reused.
 
-    At most prompt_tokens - 1: the prefill must score the last token. Where a lone query row rounds otherwise
-    (`lone_rows_differ`: a graph without the attention pad), one position earlier where the first chunk from
-    there would be one token that a fresh prefill computes among others.
+    At most prompt_tokens - 1: the prefill must score the last token. Where a query's last row may round
+    otherwise (`lone_rows_differ`: a graph without the attention pad; `last_row`), the first query from there
+    must compute its last position as a fresh prefill does: among others where it ends at a chunk boundary
+    (else one position earlier), and as the prompt's fresh last chunk does where it ends the prompt (else one
+    position earlier, or that chunk's start where the fresh one makes a block's tail).
     Example (chunk 64): 39 of a 40-token prompt -> 38 (the last token rides with the one before it); 63 of 100
-    -> 62; 64 of 65 -> 64 (a fresh prefill computes position 64 alone too); 39 of 40 without lone rows -> 39.
+    -> 62; 64 of 65 -> 64 (a fresh prefill computes position 64 alone too); 95 of 200 -> 94 (not 33 rows to
+    128); 16 of 33 -> 0 and 80 of 97 -> 64 (a fresh prefill's 33-row chunk); 39 of 40 without lone rows -> 39.
     """
     start = max(0, min(reusable, prompt_tokens - 1))
-    lone = chunk_end(start, prompt_tokens, chunk) - start == 1
-    fresh_lone = start % chunk == 0 and start == prompt_tokens - 1
-    if lone_rows_differ and start > 0 and lone and not fresh_lone:
-        start -= 1
-    return start
+    if not lone_rows_differ or start == 0:
+        return start
+    if chunk_end(start, prompt_tokens, chunk) < prompt_tokens:
+        return start - 1 if last_row(chunk - start % chunk) != AMONG else start
+    if ends_as_fresh(start, prompt_tokens, chunk):
+        return start
+    last_chunk = (prompt_tokens - 1) // chunk * chunk
+    return last_chunk if last_row(prompt_tokens - last_chunk) == BLOCK_TAIL else start - 1

@@ -20,7 +20,7 @@ import numpy as np
 from specdec.models.errors import GenerationError
 from specdec.runtime.kv_cache import KVCache, KVView
 from specdec.runtime.providers import ort
-from specdec.runtime.batch_chunks import prefill_start
+from specdec.runtime.batch_chunks import AMONG, last_row, prefill_start
 from specdec.runtime.session import CallBinding, ModelSession
 
 HOST_DEVICES = ("cpu",)  # where the arena's buffers are numpy arrays (prefix copies between slots need them)
@@ -33,7 +33,7 @@ class SlotCache(KVCache):
     slot: int = -1
     kept_ids: tuple[int, ...] = ()  # the last request's tokens, whose KV stays valid in the row while it is free
     # Leading positions of its tokens (or kept ones) whose KV a fresh chunked prefill of them computes bit for bit
-    # alike: those a prefill wrote in rows of 2+ tokens (SlotArena.prefilled), not a lone row or a 1-token step's.
+    # alike: those a prefill wrote (SlotArena.prefilled), not a query's lone last row nor a 1-token step's.
     exact: int = 0
     released: int = 0  # when it was last given back (the arena's count of releases)
 
@@ -228,10 +228,11 @@ class SlotArena:
         return start - held
 
     def prefilled(self, cache: SlotCache, rows: int) -> None:
-        """Note that a prefill just wrote `rows` positions at the end of `cache`: a later prompt may reuse them,
-        unless they were one lone query row (SlotCache.exact)."""
-        if rows > 1 and cache.exact == cache.length - rows:
-            cache.exact = cache.length
+        """Note that a prefill just wrote `rows` positions at the end of `cache` in one query: a later prompt may reuse
+        them, but not the last where the query computed it alone (a lone row, or a block's tail: batch_chunks.last_row;
+        a longer prompt's prefill computes it among others) nor any after it (SlotCache.exact)."""
+        if cache.exact == cache.length - rows:
+            cache.exact = cache.length - (0 if last_row(rows) == AMONG else 1)
 
     def _start(self, prompt_ids: list[int], reusable: int) -> int:
         """Return where the prompt's prefill starts when `reusable` of its positions could be reused
