@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from specdec.runtime.batch_chunks import chunk_end, chunk_pieces, prefill_end
+from specdec.runtime.batch_chunks import chunk_end, chunk_pieces, granule_end, prefill_end
 from specdec.runtime.batch_request import BatchRequest
 from specdec.runtime.loop import Iteration, first_token, prefill
 from specdec.runtime.slots import MIN_PREFIX, common_prefix
@@ -122,12 +122,14 @@ class SlotAdmission:
     def _plan_chunks(self) -> list[BatchRequest]:
         """Give the prefilling requests this step's prompt tokens (`chunk`), oldest first, as many whole aligned
         chunks as the step's budget leaves (prefill_budget.py; the oldest takes at least one); return those given some.
+        Where the budget is bounded by the running requests' ITL, pieces of 16-token granules instead (granule_end).
 
         First come, first served: once a prompt's next chunk does not fit, no younger one passes it. With the
         prefix cache a request first copies what another slot now holds of its prompt, and one whose prompt an
         older request is prefilling (MIN_PREFIX tokens more than it holds) waits to copy those positions.
         """
         budget = self.budget.for_step(len(self._running), self.calls.ragged_costs.seconds)
+        bounded = self.budget.bounds_itl(len(self._running))  # then a step may cut a chunk (granule_end)
         planned = []
         for request in self._prefilling:
             request.chunk = []
@@ -138,11 +140,16 @@ class SlotAdmission:
                 if request.awaits_copy:
                     continue
             prompt, start = request.prompt_ids, request.cache.length
-            end = prefill_end(start, len(prompt), budget, self.arena.limits_reuse)  # limits: lone rows differ
-            if end == start:
-                if planned:
+            if bounded:
+                end = granule_end(start, len(prompt), budget, self.arena.limits_reuse)
+                if end - start > budget and planned:
                     break
-                end = chunk_end(start, len(prompt))  # a chunk a step at least, whatever the budget
+            else:
+                end = prefill_end(start, len(prompt), budget, self.arena.limits_reuse)  # limits: lone rows differ
+                if end == start:
+                    if planned:
+                        break
+                    end = chunk_end(start, len(prompt))  # a chunk a step at least, whatever the budget
             request.chunk = prompt[start:end]
             budget -= end - start
             planned.append(request)

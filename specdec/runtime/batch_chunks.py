@@ -22,6 +22,7 @@ from __future__ import annotations
 from specdec.runtime.session import LONG_CALL_ROWS
 
 PREFILL_CHUNK = LONG_CALL_ROWS  # positions per aligned prefill chunk (64)
+PREFILL_GRANULE = 16  # where a step bounded by its running requests' ITL may cut a chunk (`granule_end`)
 ATTENTION_BLOCK = 32  # a query of ATTENTION_BLOCK * m + 1 rows computes its last row otherwise (measured)
 AMONG, ALONE, BLOCK_TAIL = 0, 1, 2  # how a query computes its last row (`last_row`)
 
@@ -62,6 +63,37 @@ def prefill_end(start: int, prompt_tokens: int, budget: int, lone_rows_differ: b
         return prompt_tokens
     end = min(start + budget, prompt_tokens - 1) // chunk * chunk
     return end if end > start else start
+
+
+def granule_end(start: int, prompt_tokens: int, budget: int, lone_rows_differ: bool = True,
+                granule: int = PREFILL_GRANULE, chunk: int = PREFILL_CHUNK) -> int:
+    """Return where this step's prefill of a prompt stops where it may stop inside a chunk (a budget smaller than a
+    chunk: prefill_budget.py's ITL bound): the furthest multiple of `granule`, or the prompt's end, at most `budget`
+    tokens on whose query computes its last position as a fresh aligned prefill does; where none is that near, the
+    nearest such end (a step feeds the oldest prompt something).
+
+    Where a query's last row may round otherwise (`lone_rows_differ`), an end inside the prompt must leave its
+    query's last row among others, and inside the prompt's last chunk only where the fresh prefill's last chunk
+    ends among others too and the rest can follow in one query that does. Positions between multiples of 16 are
+    never 1 or 32m + 1 rows (`last_row`), so a prompt fed from such a multiple reaches its last chunk alike.
+    Example (granule 16, a 46-token prompt): from 0 with 20 -> 16; from 16 with 20 -> 32; from 32 with 20 -> 46;
+    from 0 with 8 -> 16. A 65-token prompt: from 48 with 40 -> 64 (position 64 is a fresh prefill's lone row).
+    """
+    last_chunk = (prompt_tokens - 1) // chunk * chunk
+
+    def as_fresh(end: int) -> bool:
+        if not lone_rows_differ:
+            return True
+        if end == prompt_tokens:
+            return ends_as_fresh(start, prompt_tokens, chunk)
+        inside_last = end > last_chunk
+        return last_row(end - start) == AMONG and (not inside_last or (
+            last_row(prompt_tokens - last_chunk) == AMONG and last_row(prompt_tokens - end) == AMONG))
+
+    ends = [*range((start // granule + 1) * granule, prompt_tokens, granule), prompt_tokens]
+    valid = [end for end in ends if as_fresh(end)] or [chunk_end(start, prompt_tokens, chunk)]
+    within = [end for end in valid if end - start <= budget]
+    return max(within) if within else valid[0]
 
 
 def chunk_pieces(start: int, end: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:

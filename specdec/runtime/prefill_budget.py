@@ -31,10 +31,15 @@ class PrefillBudget:
         if self.itl_factor is not None and not self.itl_factor > 1:
             raise ValueError(f"the prefill ITL factor must be > 1 (or none), got {self.itl_factor!r}")
 
+    def bounds_itl(self, running_tokens: int) -> bool:
+        """Return whether a step beside `running_tokens` running tokens is bounded by their ITL (then it may cut a
+        prompt's chunk into 16-token granules: batch_chunks.granule_end)."""
+        return self.itl_factor is not None and running_tokens >= 1
+
     def for_step(self, running_tokens: int, step_seconds: Callable[[int], float]) -> int:
         """Return the prompt tokens this step may prefill, where the running requests feed `running_tokens` tokens
         and `step_seconds(n)` estimates a step's seconds over n tokens (the measured ragged-call costs)."""
-        if self.itl_factor is None or running_tokens < 1:
+        if not self.bounds_itl(running_tokens):
             return self.tokens
         return itl_bounded_tokens(running_tokens, step_seconds, self.itl_factor, self.tokens)
 

@@ -196,10 +196,10 @@ def test_the_itl_bound_takes_the_most_prompt_tokens_that_keep_a_step_within_its_
             PrefillBudget(*bad)
 
 
-def test_under_the_itl_bound_a_burst_onto_running_requests_takes_a_prompt_a_step_and_onto_none_all_at_once(engine):
+def test_under_the_itl_bound_a_burst_onto_running_requests_rides_in_granules_and_onto_none_all_at_once(engine):
     """Step costs of 20 ms + 1 ms a token, factor 2: beside 2 decoding requests a step may add 22 prompt tokens, so each
-    40-token prompt of the burst rides a step of its own (its first chunk, whatever the bound); on an idle engine
-    the whole burst is prefilled at once under the cap. Texts stay each prompt's own."""
+    40-token prompt of the burst rides three steps in 16-token granules, oldest first; on an idle engine the whole
+    burst is prefilled at once under the cap. Texts stay each prompt's own."""
     burst = [_ids(10 + i, 40 + i) for i in range(4)]
     decoding = _decoding_to_the_end(engine, [_ids(50 + i, 11 + 2 * i) for i in range(9)], 2, tokens=40)
     reference = [engine.generate(p, PLAIN).token_ids for p in burst]
@@ -216,11 +216,16 @@ def test_under_the_itl_bound_a_burst_onto_running_requests_takes_a_prompt_a_step
         finally:
             batch.shutdown()
         assert [r.token_ids for r in results] == reference
-        planned = [[n for n, _, _ in chunks] for chunks in rounds if chunks]
-        if load:
-            assert planned == [[len(p)] for p in burst]  # one prompt a step: 41+ tokens pass 22 only as a first chunk
+        planned = [chunks for chunks in rounds if chunks]
+        if load:  # 22 prompt tokens a step at most, in 16-token granules, first come first served
+            assert all(sum(tokens for _, _, tokens in chunks) <= 22 for chunks in planned)
+            pieces = [(n, start, tokens) for chunks in planned for n, start, tokens in chunks]
+            assert [n for n, _, _ in pieces] == sorted(n for n, _, _ in pieces)
+            for prompt in burst:
+                mine = [(start, tokens) for n, start, tokens in pieces if n == len(prompt)]
+                assert mine == [(0, 16), (16, 16), (32, len(prompt) - 32)]
         else:
-            assert planned[0] == [len(p) for p in burst]  # idle: all of them in the first step
+            assert [n for n, _, _ in planned[0]] == [len(p) for p in burst]  # idle: all of them in the first step
 
 
 def test_prompts_that_start_with_one_document_prefill_it_once_chunk_by_chunk(engine):

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from specdec.runtime.batch import BatchEngine
-from specdec.runtime.batch_chunks import AMONG, chunk_end, chunk_pieces, last_row, prefill_end, prefill_start
+from specdec.runtime.batch_chunks import AMONG, chunk_end, chunk_pieces, granule_end, last_row, prefill_end, prefill_start
 from specdec.runtime.engine import Engine, GenerationConfig
 
 from tests.conftest import _export
@@ -264,12 +264,14 @@ def _light_load_cycle(engine: Engine, rng: np.random.Generator, max_batch: int, 
     return batch
 
 
-@pytest.mark.parametrize("seed, max_batch, budget", [(0, 3, 64), (1, 8, 256), (2, 12, 64), (3, 12, 256)])
+@pytest.mark.parametrize("seed, max_batch, budget, itl", [(0, 3, 64, None), (1, 8, 256, None), (2, 12, 64, None),
+                                                          (3, 12, 256, None), (4, 8, 256, 2.0)])
 def test_a_random_workload_over_the_prefix_cache_gives_each_prompts_target_only_output(long_engine, seed, max_batch,
-                                                                                       budget):
+                                                                                       budget, itl):
     """Max_batch 3 (no ragged-rows graph: plain calls), 8 (the graph's rows) and 12 (slots past its rows: a window,
-    stashes above it); budgets of one chunk and of four. Bursts and staggered arrivals, then later turns, then a
-    light load on a fresh engine (`_light_load_cycle`)."""
+    stashes above it); budgets of one chunk and of four, and one bounded by the running requests' ITL (steps priced
+    20 + n, so ~20-30 prompt tokens a step in 16-token granules). Bursts and staggered arrivals, then later turns,
+    then a light load on a fresh engine (`_light_load_cycle`)."""
     rng = np.random.default_rng(seed)
     prompts, cancelled = _first_turn(rng)
     first_jobs = [Job(p, _config(rng)) for p in prompts]
@@ -282,7 +284,10 @@ def test_a_random_workload_over_the_prefix_cache_gives_each_prompts_target_only_
     later_jobs = [Job(p, _config(rng)) for p in later]
     later_answers, later_first = _references(long_engine, later, [NEW_TOKENS] * len(later))
 
-    batch = BatchEngine(long_engine, max_batch=max_batch, kv_capacity=POSITIONS, prefill_budget=budget)
+    batch = BatchEngine(long_engine, max_batch=max_batch, kv_capacity=POSITIONS, prefill_budget=budget,
+                        prefill_itl_factor=itl)
+    if itl is not None:
+        batch.calls.ragged_costs.seconds = lambda n: 20 + n
     streams: dict = {}
     held = _cancelling_mid_prefill(batch, streams, first_jobs)
     try:
@@ -335,6 +340,25 @@ def test_every_query_of_a_prefill_from_a_reused_prefix_computes_each_position_as
                     end = prefill_end(at, tokens, budget)
                     rows.append((at, end if end > at else chunk_end(at, tokens)))
                     at = rows[-1][1]
+                pieces = [piece for row in rows for piece in chunk_pieces(*row)]
+                for queries in (rows, pieces):
+                    assert _last_rows(queries, tokens)[start:] == fresh[start:], (tokens, reusable, budget, queries)
+
+
+def test_every_granule_cut_of_an_itl_bound_step_computes_each_position_as_a_fresh_prefill_does():
+    """The same for granule_end's cuts (a step bounded by its running requests' ITL cuts chunks at multiples of 16),
+    from any start a reuse leaves, at budgets under and over a chunk; each step feeds something."""
+    for tokens in range(1, 301):
+        fresh = _last_rows(chunk_pieces(0, tokens), tokens)
+        for reusable in range(tokens + 1):
+            start = prefill_start(reusable, tokens)
+            for budget in (1, 8, 16, 22, 40, 64, 300):
+                rows, at = [], start
+                while at < tokens:
+                    end = granule_end(at, tokens, budget)
+                    assert end > at
+                    rows.append((at, end))
+                    at = end
                 pieces = [piece for row in rows for piece in chunk_pieces(*row)]
                 for queries in (rows, pieces):
                     assert _last_rows(queries, tokens)[start:] == fresh[start:], (tokens, reusable, budget, queries)
