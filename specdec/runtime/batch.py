@@ -13,8 +13,10 @@ batch_plan.py chooses which requests speculate, from measured call costs (prompt
 first, so the plan weighs the drafts it found; those it leaves unverified are followed against the
 tokens committed next, so a request's record keeps learning while it decodes plainly). New requests
 are admitted between steps into KV slots (slots.py); their prompts are prefilled in chunks aligned to
-absolute positions, at most `prefill_budget` tokens a step, the oldest first, riding the running
-requests' ragged-rows call (or, where nothing runs, one ragged-rows call of their own). There may be
+absolute positions, at most `prefill_budget` tokens a step (and with `prefill_itl_factor`, no more than
+keep the step within that factor of its cost without them, in 16-token granules: prefill_budget.py), the
+oldest first, riding the running requests' ragged-rows call (or, where nothing runs, one ragged-rows call
+of their own); each request's `timeline` records where its first token waited (timeline.py). There may be
 more slots than that graph has rows: new requests take its rows while the load fits them, the rest
 only under more load (`_slot_window`), and a step with a request beyond them is a batched decode call.
 With the prefix cache (on by default) a prompt skips the positions a slot holds of it that a fresh

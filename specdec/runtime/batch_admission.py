@@ -128,7 +128,7 @@ class SlotAdmission:
         prefix cache a request first copies what another slot now holds of its prompt, and one whose prompt an
         older request is prefilling (MIN_PREFIX tokens more than it holds) waits to copy those positions.
         """
-        budget = self.budget.for_step(len(self._running), self.calls.ragged_costs.seconds)
+        budget = self.budget.for_step(len(self._running), self.calls.ragged_costs.seconds, self.calls.idle_step)
         bounded = self.budget.bounds_itl(len(self._running))  # then a step may cut a chunk (granule_end)
         planned = []
         for request in self._prefilling:

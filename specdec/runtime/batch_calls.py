@@ -28,6 +28,7 @@ from specdec.runtime.slots import SlotArena
 
 _CALIBRATION_ROWS = (1, 2, 4, 8, 16)
 CALIBRATION_PAST = 256  # positions each row of a timed ragged call attends over
+IDLE_SMOOTHING = 0.2  # weight of the newest step in `idle_step`
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class TargetCalls:
         self._ragged_shapes: set[int] = set()
         self.ragged_calls = 0  # steps whose verify rows shared one ragged-rows call
         self.ragged_prefills = 0  # prefills of several admitted requests in one ragged-rows call
+        self.idle_step: float | None = None  # recent steps without prompt tokens, seconds (EWMA; None: none yet)
 
     def in_ragged_rows(self, requests: list[BatchRequest]) -> bool:
         """Return whether every request's slot lies among the rows of the ragged-rows graph (False without one)."""
@@ -119,11 +121,21 @@ class TargetCalls:
                           [PromptLogits(r, logits[r.slot][-1], seconds * len(rows[r.slot]) / tokens) for r in admitted],
                           tokens)
 
-    def observe_ragged(self, tokens: int, step_start: float) -> None:
-        """Price a step of one ragged-rows call over `tokens` tokens (all of it: planning, drafting, commits)."""
+    def observe_ragged(self, tokens: int, step_start: float, prompt_tokens: int = 0) -> None:
+        """Price a step of one ragged-rows call over `tokens` tokens (all of it: planning, drafting, commits), of
+        which `prompt_tokens` were prompt chunks riding it."""
+        seconds = time.perf_counter() - step_start
         if tokens in self._ragged_shapes:  # a shape's first call also plans its buffers: not its cost
-            self.ragged_costs.observe(tokens, time.perf_counter() - step_start)
+            self.ragged_costs.observe(tokens, seconds)
+            if not prompt_tokens:
+                self._observe_idle_step(seconds)
         self._ragged_shapes.add(tokens)
+
+    def _observe_idle_step(self, seconds: float) -> None:
+        """Fold a step that carried no prompt tokens into `idle_step` (an EWMA: what running requests wait between
+        tokens when nothing is prefilled, the base of the prefill budget's ITL bound)."""
+        self.idle_step = seconds if self.idle_step is None else self.idle_step + IDLE_SMOOTHING * (
+            seconds - self.idle_step)
 
     def ragged_prefill(self, group: list[BatchRequest]) -> list[PromptLogits]:
         """Prefill admitted requests' prompt chunks in ONE ragged-rows call, each row its request's `chunk`."""
@@ -162,7 +174,9 @@ class TargetCalls:
 
     def observe_batched(self, rows: int, step_start: float) -> None:
         """Price a step of one batched decode call over `rows` rows (all of it: planning, commits)."""
-        self.batch_costs.observe(rows, time.perf_counter() - step_start)
+        seconds = time.perf_counter() - step_start
+        self.batch_costs.observe(rows, seconds)
+        self._observe_idle_step(seconds)
 
     def verify(self, request: BatchRequest) -> RowLogits:
         """Score one request's last token and drafts in a batch-1 call of its own, as the single loop does."""

@@ -152,12 +152,13 @@ class BatchStep:
         """Score every row (and prefill the `admitted` requests' chunks) in ONE ragged-rows call, then commit each
         and start the admitted whose prompt that chunk ended; an error in the call ends all of them."""
         def call_and_commit() -> None:
+            prompt_tokens = sum(len(r.chunk) for r in admitted)  # the chunks are taken once fed
             call = self.calls.ragged(running, admitted)
             for row in call.rows:
                 self._guarded(row.request, lambda r, row=row: self._commit_row(row))
             for prompt in call.prompts:
                 self.prefills_in_steps += self._chunk_fed(prompt.request, prompt.last_logits, prompt.seconds)
-            self.calls.observe_ragged(call.tokens, start)
+            self.calls.observe_ragged(call.tokens, start, prompt_tokens)
 
         self._guarded_all([*running, *admitted], call_and_commit)
 

@@ -36,25 +36,32 @@ class PrefillBudget:
         prompt's chunk into 16-token granules: batch_chunks.granule_end)."""
         return self.itl_factor is not None and running_tokens >= 1
 
-    def for_step(self, running_tokens: int, step_seconds: Callable[[int], float]) -> int:
-        """Return the prompt tokens this step may prefill, where the running requests feed `running_tokens` tokens
-        and `step_seconds(n)` estimates a step's seconds over n tokens (the measured ragged-call costs)."""
+    def for_step(self, running_tokens: int, step_seconds: Callable[[int], float], idle_step: float | None = None) -> int:
+        """Return the prompt tokens this step may prefill, where the running requests feed `running_tokens` tokens,
+        `step_seconds(n)` estimates a step's seconds over n tokens (the measured ragged-call costs) and `idle_step`
+        is what recent steps without prompt tokens took (None: step_seconds(running_tokens))."""
         if not self.bounds_itl(running_tokens):
             return self.tokens
-        return itl_bounded_tokens(running_tokens, step_seconds, self.itl_factor, self.tokens)
+        return itl_bounded_tokens(running_tokens, step_seconds, self.itl_factor, self.tokens, idle_step)
 
 
-def itl_bounded_tokens(running_tokens: int, step_seconds: Callable[[int], float], factor: float, cap: int) -> int:
-    """Return the most prompt tokens p <= cap with step_seconds(running_tokens + p) <= factor x
-    step_seconds(running_tokens) (0 where none fits; costs are taken as non-decreasing in tokens).
+def itl_bounded_tokens(running_tokens: int, step_seconds: Callable[[int], float], factor: float, cap: int,
+                       idle_step: float | None = None) -> int:
+    """Return the most prompt tokens p <= cap whose estimated extra cost, step_seconds(running_tokens + p) -
+    step_seconds(running_tokens), is at most (factor - 1) x the step without them (`idle_step`, as measured; None:
+    step_seconds(running_tokens)). 0 where none fits; costs are taken as non-decreasing in tokens. The table prices
+    the prompt tokens only: its small-call entries come from calibration calls, whose rows attend over more
+    positions than a light load's, so a measured step is the better base.
 
-    Example (a step of n tokens costing 20 ms + 1 ms a token, 2 running tokens, factor 2): 22 tokens.
+    Example (a step of n tokens costing 20 ms + 1 ms a token, 2 running tokens, factor 2): 22 tokens; with steps
+    measured at 10 ms, 10 tokens.
     """
-    limit = factor * step_seconds(running_tokens)
-    low, high = 0, cap  # step_seconds(running_tokens + low) <= limit holds throughout
+    base = step_seconds(running_tokens)
+    extra = (factor - 1) * (base if idle_step is None else idle_step)
+    low, high = 0, cap  # the extra cost of `low` tokens fits throughout
     while low < high:
         middle = (low + high + 1) // 2
-        if step_seconds(running_tokens + middle) <= limit:
+        if step_seconds(running_tokens + middle) - base <= extra:
             low = middle
         else:
             high = middle - 1

@@ -2,6 +2,8 @@
 absolute positions, oldest first, riding the running requests' step; a prompt that starts as a slot's context did
 skips only positions a fresh prefill computes bit for bit alike, so its logits and text are those without reuse."""
 
+import time
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -191,9 +193,26 @@ def test_the_itl_bound_takes_the_most_prompt_tokens_that_keep_a_step_within_its_
     assert PrefillBudget(300, 2.0).for_step(0, linear) == 300  # nothing runs: the cap alone
     assert PrefillBudget(300, None).for_step(8, linear) == 300
     assert PrefillBudget(300, 2.0).for_step(2, linear) == 22
+    assert PrefillBudget(300, 2.0).for_step(2, linear, idle_step=10) == 10  # a measured step is the base
+    assert itl_bounded_tokens(8, linear, 3.0, 512, idle_step=14) == 28
     for bad in ((0, 2.0), (64, 1.0), (64, 0.5), (True, 2.0)):
         with pytest.raises(ValueError):
             PrefillBudget(*bad)
+
+
+def test_the_itl_bound_is_based_on_measured_steps_that_carried_no_prompt_tokens(engine):
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=256, prefill_itl_factor=2.0)
+    batch.shutdown()
+    calls = batch.calls
+    calls.idle_step = None
+    calls._ragged_shapes.add(5)
+    now = time.perf_counter()
+    calls.observe_ragged(5, now - 0.5)
+    assert calls.idle_step == pytest.approx(0.5, abs=0.01)
+    calls.observe_ragged(5, now - 2.0, prompt_tokens=3)  # a step that prefilled: not what running requests idle at
+    assert calls.idle_step == pytest.approx(0.5, abs=0.01)
+    calls.observe_batched(2, time.perf_counter() - 0.1)
+    assert calls.idle_step == pytest.approx(0.5 + 0.2 * (0.1 - 0.5), abs=0.01)
 
 
 def test_under_the_itl_bound_a_burst_onto_running_requests_rides_in_granules_and_onto_none_all_at_once(engine):
@@ -206,6 +225,7 @@ def test_under_the_itl_bound_a_burst_onto_running_requests_rides_in_granules_and
     for load in (decoding, []):
         batch = BatchEngine(engine, max_batch=8, kv_capacity=256, prefill_budget=512, prefill_itl_factor=2.0)
         batch.calls.ragged_costs.seconds = lambda n: 20 + n  # ms
+        batch.calls._observe_idle_step = lambda seconds: None  # the table is the base too
         try:
             streams = [batch.stream(p, GenerationConfig(max_new_tokens=40, drafter="none")) for p in load]
             for stream in streams:

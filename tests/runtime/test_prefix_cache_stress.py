@@ -288,6 +288,7 @@ def test_a_random_workload_over_the_prefix_cache_gives_each_prompts_target_only_
                         prefill_itl_factor=itl)
     if itl is not None:
         batch.calls.ragged_costs.seconds = lambda n: 20 + n
+        batch.calls._observe_idle_step = lambda seconds: None  # the table is the base too
     streams: dict = {}
     held = _cancelling_mid_prefill(batch, streams, first_jobs)
     try:
