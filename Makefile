@@ -9,7 +9,7 @@ EXPORT_FLAGS ?= --greedy-head
 # A grounded prompt: the answer copies from the prompt, which is where prompt-lookup drafting shines.
 PROMPT ?= Rewrite this in simpler words, keeping every fact: The committee approved the budget on Tuesday after a long debate. The new budget increases funding for public libraries by ten percent and for school buses by five percent, and it cuts spending on road repairs.
 
-.PHONY: install test test-fast demo bench bench-quick bench-heldout bench-bound bench-serve bench-structured bench-structured-quick anchors-genai anchors-serve device-kit distill phrases mutants clean
+.PHONY: install test test-fast demo bench bench-quick bench-heldout bench-bound bench-serve bench-serve-int4 bench-structured bench-structured-quick anchors-genai anchors-serve device-kit distill phrases mutants clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -172,12 +172,23 @@ bench-bound: $(STAMP) $(ARTIFACT)/specdec.json
 # requests (serve-burst/), prefill of 45/360/1000-token prompts (serve-prefill/).
 BENCH_SERVE = $(BIN)/python tools/bench_serve.py --artifact $(ARTIFACT) --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
 	--llama-server $(LLAMA_SERVER) --vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --threads 2 --prefix-cache
+CHAT_PROMPTS := specdec/data/prompts-chat.jsonl  # 64 distinct short chats: no prompt repeats within a cell
 bench-serve: $(STAMP) $(ARTIFACT)/specdec.json anchors-serve
-	$(BENCH_SERVE) --requests 48 --rounds 3
-	$(BENCH_SERVE) --rate 1,2,4 --requests 48 --rounds 3 --output benchmarks/out/serve-open
+	$(BENCH_SERVE) --prompts $(CHAT_PROMPTS) --concurrency 1,4,8,16 --requests 48 --rounds 3
+	$(BENCH_SERVE) --prompts $(CHAT_PROMPTS) --rate 1,2,4 --requests 48 --rounds 3 --output benchmarks/out/serve-open
 	$(BENCH_SERVE) --turns 2 --concurrency 1,4,8 --requests 24 --rounds 3 --output benchmarks/out/serve-turns
-	$(BENCH_SERVE) --burst 8 --burst-running 2 --rounds 3 --output benchmarks/out/serve-burst
+	$(BENCH_SERVE) --prompts $(CHAT_PROMPTS) --burst 8 --burst-running 2 --rounds 5 --output benchmarks/out/serve-burst
 	$(BENCH_SERVE) --prefill-lengths 45,360,1000 --rounds 3 --output benchmarks/out/serve-prefill
+
+# int4 weights against llama-server's Q4_1 (vLLM CPU has no int4 path here): closed loop and prefill speed.
+$(ARTIFACT)-int4/specdec.json: | $(STAMP)
+	$(BIN)/specdec export --target "$$($(BIN)/python -m specdec.exporter.bundled)" --draft none --weights int4 \
+		--output $(ARTIFACT)-int4 --force
+BENCH_SERVE_INT4 = $(BIN)/python tools/bench_serve.py --artifact $(ARTIFACT)-int4 --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
+	--llama-server $(LLAMA_SERVER) --vllm-python none --threads 2
+bench-serve-int4: $(STAMP) $(ARTIFACT)-int4/specdec.json $(LLAMA_SERVER)
+	$(BENCH_SERVE_INT4) --prompts $(CHAT_PROMPTS) --concurrency 1,8 --requests 48 --rounds 3 --output benchmarks/out/serve-int4
+	$(BENCH_SERVE_INT4) --prefill-lengths 45,360,1000 --rounds 3 --output benchmarks/out/serve-int4-prefill
 
 # Structured outputs, tool calls and predicted edits (specdec/data/structured-heldout.jsonl): specdec target-only
 # against speculation with the same grammar, beside llama-server (--jinja) and vLLM CPU, all at 2 threads, 1/4/8

@@ -80,7 +80,7 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], dict[str, s
     specdec = [str(ROOT / ".venv/bin/specdec"), "serve", args.artifact, "--host", "127.0.0.1", "--port",
                str(free_port()), "--max-batch", str(args.max_batch), "--threads", str(args.threads),
                "--max-queue", "64", "--log-level", "warning", "--model-name", MODEL] + (
-                   ["--prefix-cache"] if args.prefix_cache else [])
+                   ["--prefix-cache"] if args.prefix_cache else []) + args.specdec_flag
     servers = {"specdec": (specdec, env)}
     if args.llama_server:
         servers["llama-server"] = ([args.llama_server, "-m", args.gguf, "-np", str(args.max_batch), "-t",
@@ -147,6 +147,11 @@ def parse_args() -> argparse.Namespace:
                         help="each round sends at least this many requests per client (a 16-client round of 16 "
                              "requests is one burst)")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--prompts", default=None,
+                        help="prompt set (JSON lines with \"prompt\"; serve_load --prompts; default: serve_load's)")
+    parser.add_argument("--specdec-flag", action="append", default=[], metavar="FLAG",
+                        help="one more argument for specdec serve (repeat: --specdec-flag=--prefill-budget "
+                             "--specdec-flag=512)")
     parser.add_argument("--output", default="benchmarks/out/serve-bench")
     args = parser.parse_args()
     for flag in ("llama_server", "vllm_python"):
@@ -190,7 +195,7 @@ def main() -> int:
         load = [sys.executable, "-m", "specdec.benchmarks.serve_load", "--model", MODEL, *workload(args),
                 "--drafters", args.drafters, "--requests", str(args.requests),
                 "--rounds", str(args.rounds), "--max-tokens", str(args.max_tokens),
-                "--output", str(out), "--time-limit", "3000"]
+                "--output", str(out), "--time-limit", "3000"] + (["--prompts", args.prompts] if args.prompts else [])
         for server in servers:
             load += ["--url", f"{server.name}={server.url}"] + (["--plain", server.name]
                                                                if server.name != "specdec" else [])

@@ -56,11 +56,11 @@ __all__ = ["BatchEngine", "CALIBRATION_PAST", "DEFAULT_KV_CAPACITY", "DEFAULT_MA
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_KV_CAPACITY = 1024  # positions per slot
-# Prompt tokens prefilled per step (vLLM's max_num_batched_tokens, prompts only): 4 chunks. On SmolLM2, 2 cores,
-# ~1.5-2 ms a prompt token in a ragged call: a full step ~0.4-0.5 s, the longest a running request waits for a
-# token during a burst, and a step's own ~25-40 ms stays under a tenth of it (estimated; docs/DESIGN.md,
-# "Continuous batching").
-DEFAULT_PREFILL_BUDGET = 256
+# Prompt tokens prefilled per step (vLLM's max_num_batched_tokens, prompts only): two chunks. Measured against 64,
+# 256 and 512 on SmolLM2, 2 AVX-512 cores, 8 clients on distinct ~46-token chats: as fast (within 2%), a burst's
+# TTFT p90 0.28 s (256: 0.32, 512: 0.36) and its running requests' ITL p99 7-8x idle (256: 10-13x)
+# (benchmarks/SERVE-BATCH.md, "First tokens under load").
+DEFAULT_PREFILL_BUDGET = 128
 
 
 def _delegated(part: str, name: str, what: str) -> property:

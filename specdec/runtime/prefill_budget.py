@@ -15,6 +15,7 @@ from typing import Callable
 
 DEFAULT_PREFILL_TOKENS = 512  # the most prompt tokens one step takes
 DEFAULT_ITL_FACTOR = 2.0  # a step with prompt rows costs at most this many times the step without them
+SCAN_STEP = 16  # prompt-token counts priced past the first few: a step cuts prompts at 16-token granules anyway
 
 
 @dataclass(frozen=True)
@@ -49,20 +50,20 @@ def itl_bounded_tokens(running_tokens: int, step_seconds: Callable[[int], float]
                        idle_step: float | None = None) -> int:
     """Return the most prompt tokens p <= cap whose estimated extra cost, step_seconds(running_tokens + p) -
     step_seconds(running_tokens), is at most (factor - 1) x the step without them (`idle_step`, as measured; None:
-    step_seconds(running_tokens)). 0 where none fits; costs are taken as non-decreasing in tokens. The table prices
-    the prompt tokens only: its small-call entries come from calibration calls, whose rows attend over more
-    positions than a light load's, so a measured step is the better base.
+    step_seconds(running_tokens)), counting 1..15, then multiples of 16, then cap, up to the first count that does
+    not fit (0 where none does). The table prices the prompt tokens only: its small-call entries come from
+    calibration calls, whose rows attend over more positions than a light load's, so a measured step is the
+    better base.
 
-    Example (a step of n tokens costing 20 ms + 1 ms a token, 2 running tokens, factor 2): 22 tokens; with steps
-    measured at 10 ms, 10 tokens.
+    Example (a step of n tokens costing 20 ms + 1 ms a token, 2 running tokens, factor 2): 16 tokens (32 would
+    cost 32 ms more than the step's 22); with steps measured at 10 ms, 10 tokens.
     """
     base = step_seconds(running_tokens)
     extra = (factor - 1) * (base if idle_step is None else idle_step)
-    low, high = 0, cap  # the extra cost of `low` tokens fits throughout
-    while low < high:
-        middle = (low + high + 1) // 2
-        if step_seconds(running_tokens + middle) - base <= extra:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    fits = 0
+    # Upwards, stopping at the first count that does not fit: a table of noisy averages may dip further on.
+    for tokens in [t for t in (*range(1, SCAN_STEP), *range(SCAN_STEP, cap, SCAN_STEP)) if t < cap] + [cap]:
+        if step_seconds(running_tokens + tokens) - base > extra:
+            break
+        fits = tokens
+    return fits

@@ -42,7 +42,7 @@ class ServeConfig:
     # computes bit for bit alike, so the output is the same without it)
     prefix_cache: bool = True
     # batch engine: prompt tokens prefilled per step, riding the running requests' call (BatchEngine's default)
-    prefill_budget: int = 256
+    prefill_budget: int = 128
     # batch engine: while requests run, a step's prompt tokens keep it within this many times its cost without them
     # (their inter-token latency during a burst); None or 0: the budget alone
     prefill_itl_factor: float | None = None

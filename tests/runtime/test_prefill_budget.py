@@ -185,16 +185,17 @@ def test_the_itl_bound_takes_the_most_prompt_tokens_that_keep_a_step_within_its_
     def linear(n):  # 20 ms a step + 1 ms a token (in ms: exact)
         return 20 + n
 
-    assert itl_bounded_tokens(2, linear, 2.0, 512) == 22
-    assert itl_bounded_tokens(8, linear, 2.0, 512) == 28
-    assert itl_bounded_tokens(8, linear, 3.0, 512) == 56
+    assert itl_bounded_tokens(2, linear, 2.0, 512) == 16  # 22 fit; counted in 16s past 15
+    assert itl_bounded_tokens(8, linear, 3.0, 512) == 48  # 56 fit
     assert itl_bounded_tokens(8, linear, 2.0, 10) == 10  # the cap first
+    assert itl_bounded_tokens(8, linear, 100.0, 40) == 40
     assert itl_bounded_tokens(8, lambda n: 1 if n <= 8 else 5, 2.0, 512) == 0  # not even one token fits
+    assert itl_bounded_tokens(2, lambda n: 20 + n if n <= 100 else 0, 2.0, 512) == 16  # a dip further on: not read
     assert PrefillBudget(300, 2.0).for_step(0, linear) == 300  # nothing runs: the cap alone
     assert PrefillBudget(300, None).for_step(8, linear) == 300
-    assert PrefillBudget(300, 2.0).for_step(2, linear) == 22
+    assert PrefillBudget(300, 2.0).for_step(2, linear) == 16
     assert PrefillBudget(300, 2.0).for_step(2, linear, idle_step=10) == 10  # a measured step is the base
-    assert itl_bounded_tokens(8, linear, 3.0, 512, idle_step=14) == 28
+    assert itl_bounded_tokens(8, linear, 3.0, 512, idle_step=14) == 16
     for bad in ((0, 2.0), (64, 1.0), (64, 0.5), (True, 2.0)):
         with pytest.raises(ValueError):
             PrefillBudget(*bad)
@@ -371,9 +372,9 @@ def test_the_prefix_cache_is_on_by_default_and_serve_maps_its_flags(engine, tiny
     monkeypatch.setattr(serve_cli, "_serve_one_process", lambda config, *args: started.append(config))
     artifact = str(tiny_artifacts["llama"])
     for flags, cache, budget, factor in (([], True, DEFAULT_PREFILL_BUDGET, 0.0),
-                                         (["--no-prefix-cache"], False, 256, 0.0),
+                                         (["--no-prefix-cache"], False, DEFAULT_PREFILL_BUDGET, 0.0),
                                          (["--prefill-budget", "64", "--prefix-cache"], True, 64, 0.0),
-                                         (["--prefill-itl-factor", "2.5"], True, 256, 2.5)):
+                                         (["--prefill-itl-factor", "2.5"], True, DEFAULT_PREFILL_BUDGET, 2.5)):
         result = CliRunner().invoke(main, ["serve", artifact, "--port", "0"] + flags)
         assert result.exit_code == 0, result.output
         config = started.pop()
