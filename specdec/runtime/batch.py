@@ -48,7 +48,7 @@ from specdec.runtime.batch_step import DRAFT_MARGIN, BatchStep
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.engine import Engine, GenerationStream
 from specdec.runtime.loop import Iteration
-from specdec.runtime.prefill_budget import PrefillBudget
+from specdec.runtime.prefill_budget import DEFAULT_PREFILL_TOKENS, PrefillBudget
 from specdec.runtime.slots import SlotArena
 
 __all__ = ["BatchEngine", "CALIBRATION_PAST", "DEFAULT_KV_CAPACITY", "DEFAULT_MAX_BATCH", "DEFAULT_PREFILL_BUDGET",
@@ -56,11 +56,7 @@ __all__ = ["BatchEngine", "CALIBRATION_PAST", "DEFAULT_KV_CAPACITY", "DEFAULT_MA
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_KV_CAPACITY = 1024  # positions per slot
-# Prompt tokens prefilled per step (vLLM's max_num_batched_tokens, prompts only): two chunks. Measured against 64,
-# 256 and 512 on SmolLM2, 2 AVX-512 cores, 8 clients on distinct ~46-token chats: as fast (within 2%), a burst's
-# TTFT p90 0.28 s (256: 0.32, 512: 0.36) and its running requests' ITL p99 7-8x idle (256: 10-13x)
-# (benchmarks/SERVE-BATCH.md, "First tokens under load").
-DEFAULT_PREFILL_BUDGET = 128
+DEFAULT_PREFILL_BUDGET = DEFAULT_PREFILL_TOKENS  # prompt tokens a step (prefill_budget.py: measured)
 
 
 def _delegated(part: str, name: str, what: str) -> property:
@@ -71,11 +67,13 @@ def _delegated(part: str, name: str, what: str) -> property:
 class BatchEngine(SlotAdmission, BatchStep):
     """An Engine's target run for many requests at once, in `max_batch` KV slots of `kv_capacity` positions; each
     step prefills at most `prefill_budget` prompt tokens, and while requests run, no more than keep the step within
-    `prefill_itl_factor` x its cost without them (prefill_budget.py; None: the budget alone)."""
+    `prefill_itl_factor` x its cost without them (prefill_budget.py; None: the budget alone); with `prefill_apart`
+    the chunks are prefilled in calls of their own before the step instead of riding its call."""
 
     def __init__(self, engine: Engine, max_batch: int = DEFAULT_MAX_BATCH, kv_capacity: int = DEFAULT_KV_CAPACITY,
                  on_step: Callable[[int], None] | None = None, prefix_cache: bool = True,
-                 prefill_budget: int = DEFAULT_PREFILL_BUDGET, prefill_itl_factor: float | None = None):
+                 prefill_budget: int = DEFAULT_PREFILL_BUDGET, prefill_itl_factor: float | None = None,
+                 prefill_apart: bool = False):
         if max_batch < 1:
             raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
         if isinstance(prefill_budget, bool) or not isinstance(prefill_budget, int) or prefill_budget < 1:
@@ -87,6 +85,9 @@ class BatchEngine(SlotAdmission, BatchStep):
             raise GenerationError(str(err)) from None
         self.engine = engine
         self.prefill_budget = prefill_budget
+        # Prefill a step's prompt chunks in calls of their own before it, not riding its call: a new request's first
+        # token then waits for its own tokens only, the running requests for one more weight read.
+        self.prefill_apart = prefill_apart
         self.arena = SlotArena(engine.target, max_batch, kv_capacity, keep_prefixes=prefix_cache, exact_prefixes=True)
         # The draft model's KV slots follow the target's (request in slot s drafts in draft slot s), so that
         # every drafting request's draft calls of a step share one ragged-rows call of the draft graph (where it
