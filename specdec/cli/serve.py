@@ -45,10 +45,6 @@ from specdec.models.extras import missing_dependency
                    "pieces (the oldest prompt always gets one). A step carrying any prompt costs a ragged call, "
                    "~2.4x a light load's plain step on 2 CPU cores, so F 2 measured ~4x idle ITL p99 there, "
                    "against 7x without, and slower first tokens. 0: the --prefill-budget alone.")
-@click.option("--prefill-apart/--prefill-riding", default=False, show_default=True,
-              help="With --max-batch > 1: prefill new prompts' chunks in calls of their own before each step "
-                   "(their first tokens wait for their own tokens only; running requests wait one more call) "
-                   "instead of riding the step's call as rows of it (one call for both).")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --max-batch 1: generations running at once; engine threads default to cores / this.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
@@ -96,7 +92,7 @@ from specdec.models.extras import missing_dependency
               show_default=True)
 @one_line_errors
 def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache, prefill_budget, prefill_itl_factor,
-          prefill_apart, max_concurrency,
+          max_concurrency,
           max_queue, request_timeout, max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys,
           api_key_file, public_metrics, allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, write_timeout,
           header_timeout, keep_alive_timeout, use_ray, replicas, replica_cpus, replica_gpus, ray_address,
@@ -115,7 +111,6 @@ def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache
 
     config = ServeConfig(artifact=artifact, model_name=model_name, max_batch=max_batch, kv_capacity=kv_capacity,
                          prefix_cache=prefix_cache, prefill_budget=prefill_budget, prefill_itl_factor=prefill_itl_factor,
-                         prefill_apart=prefill_apart,
                          max_concurrency=max_concurrency,
                          max_queue=max_queue, request_timeout=request_timeout,
                          max_tokens_default=max_tokens_default, threads=threads, provider=provider,

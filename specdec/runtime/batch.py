@@ -67,13 +67,11 @@ def _delegated(part: str, name: str, what: str) -> property:
 class BatchEngine(SlotAdmission, BatchStep):
     """An Engine's target run for many requests at once, in `max_batch` KV slots of `kv_capacity` positions; each
     step prefills at most `prefill_budget` prompt tokens, and while requests run, no more than keep the step within
-    `prefill_itl_factor` x its cost without them (prefill_budget.py; None: the budget alone); with `prefill_apart`
-    the chunks are prefilled in calls of their own before the step instead of riding its call."""
+    `prefill_itl_factor` x its cost without them (prefill_budget.py; None: the budget alone)."""
 
     def __init__(self, engine: Engine, max_batch: int = DEFAULT_MAX_BATCH, kv_capacity: int = DEFAULT_KV_CAPACITY,
                  on_step: Callable[[int], None] | None = None, prefix_cache: bool = True,
-                 prefill_budget: int = DEFAULT_PREFILL_BUDGET, prefill_itl_factor: float | None = None,
-                 prefill_apart: bool = False):
+                 prefill_budget: int = DEFAULT_PREFILL_BUDGET, prefill_itl_factor: float | None = None):
         if max_batch < 1:
             raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
         if isinstance(prefill_budget, bool) or not isinstance(prefill_budget, int) or prefill_budget < 1:
@@ -85,9 +83,6 @@ class BatchEngine(SlotAdmission, BatchStep):
             raise GenerationError(str(err)) from None
         self.engine = engine
         self.prefill_budget = prefill_budget
-        # Prefill a step's prompt chunks in calls of their own before it, not riding its call: a new request's first
-        # token then waits for its own tokens only, the running requests for one more weight read.
-        self.prefill_apart = prefill_apart
         self.arena = SlotArena(engine.target, max_batch, kv_capacity, keep_prefixes=prefix_cache, exact_prefixes=True)
         # The draft model's KV slots follow the target's (request in slot s drafts in draft slot s), so that
         # every drafting request's draft calls of a step share one ragged-rows call of the draft graph (where it

@@ -183,7 +183,7 @@ class SlotAdmission:
         # After those: one that ends its prompt joins the running requests, maybe in a slot past the graph's rows.
         running = self._running
         rideable = bool(running) and self.calls.in_ragged_rows(running) and not any(r.hidden for r in running)
-        if rideable and not self.prefill_apart:  # apart: a new prompt's first token does not wait for the step's rows
+        if rideable:
             return shareable
         if len(shareable) > 1:
             self._guarded_all(shareable, lambda: self._chunks_fed(self.calls.ragged_prefill(shareable)))

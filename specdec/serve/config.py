@@ -46,8 +46,6 @@ class ServeConfig:
     # batch engine: while requests run, a step's prompt tokens keep it within this many times its cost without them
     # (their inter-token latency during a burst); None or 0: the budget alone
     prefill_itl_factor: float | None = None
-    # batch engine: prefill new prompts in calls of their own before each step instead of riding its call
-    prefill_apart: bool = False
     max_queue: int = 16  # requests waiting for a slot; one more gets 429 + Retry-After
     request_timeout: float = 300.0  # seconds from arrival (queue included) until a request is cut off
     max_tokens_default: int = 256  # max_tokens when the request sets none

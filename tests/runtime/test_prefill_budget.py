@@ -249,28 +249,6 @@ def test_under_the_itl_bound_a_burst_onto_running_requests_rides_in_granules_and
             assert [n for n, _, _ in planned[0]] == [len(p) for p in burst]  # idle: all of them in the first step
 
 
-def test_prefilled_apart_a_burst_beside_decoding_requests_never_rides_their_step_and_each_text_is_its_own(engine):
-    """--prefill-apart: the chunks are prefilled in calls of their own before each step (one ragged call where several
-    share it), first come first served under the budget; no step carries prompt rows, and every text is target-only's."""
-    burst = [_ids(10 + i, 40 + i) for i in range(6)]
-    decoding = _decoding_to_the_end(engine, [_ids(50 + i, 11 + 2 * i) for i in range(9)], 2, tokens=40)
-    reference = [engine.generate(p, PLAIN).token_ids for p in burst + decoding]
-    batch = BatchEngine(engine, max_batch=8, kv_capacity=256, prefill_budget=100, prefill_apart=True)
-    try:
-        streams = [batch.stream(p, GenerationConfig(max_new_tokens=40, drafter="none")) for p in decoding]
-        for stream in streams:
-            next(iter(stream))
-        steps, started = _steps(batch), _first_tokens(batch)
-        results = _burst(batch, burst, [PLAIN] * len(burst))
-        decoded = _consumed(streams)
-    finally:
-        batch.shutdown()
-    assert [r.token_ids for r in results] == reference[:len(burst)]
-    assert [r.token_ids[:len(ref)] for r, ref in zip(decoded, reference[len(burst):])] == reference[len(burst):]
-    assert started == [len(p) for p in burst]  # first come, first served
-    assert steps and all(riding == 0 for _, riding in steps) and batch.prefills_in_steps == 0
-
-
 def test_prompts_that_start_with_one_document_prefill_it_once_chunk_by_chunk(engine):
     """Three prompts arriving at once start with one 200-token document: the oldest prefills it (4 steps of 64
     under a budget of 64); the others wait and copy each chunk it computed, then prefill with it the last one,
