@@ -23,6 +23,7 @@ from specdec.runtime.providers import ort
 from specdec.runtime.batch_chunks import AMONG, last_row, prefill_start
 from specdec.runtime.session import CallBinding, ModelSession
 
+NEAR_PREFIX = 4  # tokens of reuse a request gives up to take a lower free slot (`SlotArena._lowest_near`)
 HOST_DEVICES = ("cpu",)  # where the arena's buffers are numpy arrays (prefix copies between slots need them)
 MIN_PREFIX = 16  # prompt tokens a cached prefix must cover to be reused (fewer: a prefill of them costs ~nothing)
 
@@ -152,6 +153,17 @@ class SlotArena:
                 best, shared = slot, common
         return best, shared
 
+    def _lowest_near(self, prompt_ids: list[int], free: list[int], at_least: int) -> tuple[int, int]:
+        """Return (the lowest of `free` (sorted) holding `at_least` tokens of the prompt's prefix, those tokens).
+        Prompts that share a system prompt land on slots whose kept prefixes differ by a word or two: the longest
+        one would scatter a light load over the window, and every batched call spans from its lowest running slot
+        to its highest. Call with the lock held."""
+        for slot in free:
+            common = common_prefix(self._reusable_ids(self._caches[slot]), prompt_ids)
+            if common >= at_least:
+                return slot, common
+        raise AssertionError("the longest prefix's slot is among them")
+
     @property
     def ragged_span(self) -> int:
         """Return how many slots, from slot 0, the ragged-rows graph spans (0: no ragged-rows graph here)."""
@@ -181,6 +193,8 @@ class SlotArena:
             if not free:
                 return None
             best, shared = self._longest_prefix(prompt_ids, free) if prompt_ids else (None, 0)
+            if shared >= min_prefix:
+                best, shared = self._lowest_near(prompt_ids, free, max(min_prefix, shared - NEAR_PREFIX))
             # Copied from: a running request's context, or what a free slot outside the window kept.
             source, copied = (self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s not in free])
                               if prompt_ids and self.copies_prefixes else (None, 0))

@@ -853,6 +853,26 @@ def test_a_slot_window_keeps_new_requests_below_it_whatever_the_prefix_cache_pre
     assert arena.take([7, 8, 9]).slot == 12
 
 
+def test_prompts_sharing_a_system_prompt_take_the_lowest_slot_that_holds_about_as_much(engine):
+    """Slots 2 and 5 keep prompts that share a 30-token system prompt with the new one, slot 5 two tokens more: the
+    lowest (2) takes it, so a light load's batched calls stay narrow; a prompt that shares 20 more with slot 5's
+    still lands there."""
+    from specdec.runtime.slots import SlotArena
+
+    system = list(range(100, 130))
+    kept = {2: system + [7, 8, 9, 10], 5: system + [40, 41] + list(range(50, 68))}
+    arena = SlotArena(engine.target, 8, 64, keep_prefixes=True)
+    caches = [arena.take() for _ in range(8)]
+    for slot in (5, 2):
+        caches[slot].token_ids = list(kept[slot])
+        caches[slot].exact = len(kept[slot])
+        arena.give(caches[slot])
+    first = arena.take(system + [40, 41, 60, 61, 62])
+    assert first.slot == 2 and first.length > 16  # its 30 shared tokens are reused, not 32 in slot 5
+    arena.give(first)
+    assert arena.take(kept[5] + [70, 71]).slot == 5
+
+
 def test_the_slot_window_follows_the_load_between_the_ragged_rows_and_all_slots(engine):
     rows = engine.target.spec.ragged_rows
     batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=64)
