@@ -74,9 +74,6 @@ class BatchEngine(SlotAdmission, BatchStep):
                  prefill_budget: int = DEFAULT_PREFILL_BUDGET, prefill_itl_factor: float | None = None):
         if max_batch < 1:
             raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
-        if isinstance(prefill_budget, bool) or not isinstance(prefill_budget, int) or prefill_budget < 1:
-            raise GenerationError(f"prefill_budget must be an integer >= 1 (prompt tokens a step), got "
-                                  f"{prefill_budget!r}")
         try:
             self.budget = PrefillBudget(prefill_budget, prefill_itl_factor)
         except ValueError as err:

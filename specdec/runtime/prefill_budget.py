@@ -3,8 +3,7 @@
 Prompt chunks ride the running requests' call (batch_admission.py), so every prompt token a step takes
 delays their next token. With an ITL factor F, a step takes at most the prompt tokens whose estimated
 cost stays within (F - 1) x a recent step without them (vLLM's chunked prefill caps tokens only). When
-nothing runs, nobody waits for a token and the cap alone applies: a burst onto an idle engine is
-prefilled in the fewest, largest calls, which cost the least per token. The bound prices prompt tokens
+nothing runs, nobody waits for a token and the cap alone applies. The bound prices prompt tokens
 only: a step that carries any prompt is a ragged-rows call, on 2 CPU cores ~2.4x a light load's batched
 decode step by itself, so there F 2 held a burst's ITL p99 at ~4x idle, not 2x (benchmarks/SERVE-BATCH.md).
 """
@@ -31,7 +30,7 @@ class PrefillBudget:
 
     def __post_init__(self):
         if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
-            raise ValueError(f"the prefill budget must be an integer >= 1 (prompt tokens a step), got {self.tokens!r}")
+            raise ValueError(f"prefill_budget must be an integer >= 1 (prompt tokens a step), got {self.tokens!r}")
         if self.itl_factor is not None and not self.itl_factor > 1:
             raise ValueError(f"the prefill ITL factor must be > 1 (or none), got {self.itl_factor!r}")
 
