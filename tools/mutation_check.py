@@ -49,6 +49,7 @@ GREEDY_GRAMMAR = (STRUCTURED + "::test_greedy_constrained_text_is_the_same_with_
 SAMPLED_GRAMMAR = STRUCTURED + "::test_sampled_constrained_speculation_has_the_masked_target_distribution[model-spec0]"
 PREDICTION = "tests/runtime/test_prediction.py"
 LOGPROBS = "tests/runtime/test_logprobs.py"
+PREFIX_STRESS = "tests/runtime/test_prefix_cache_stress.py"
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "        k = verdict.num_accepted\n"
            "        logprobs.chosen[:k] = np.log(q[np.arange(k), drafts[:k]])\n",
            (LOGPROBS + "::test_logprobs_agree_with_and_without_drafts[tiny_self_draft_artifact-model-settings0]",)),
+    Mutant("prefix cache lends a position a query computed as its lone or block-tail last row", "specdec/runtime/slots.py",
+           "cache.exact = cache.length - (0 if last_row(rows) == AMONG else 1)", "cache.exact = cache.length",
+           (PREFIX_STRESS + "::test_a_prompt_reusing_a_prefix_up_to_a_query_of_32m_plus_1_rows_gets_the_fresh_logprobs"
+            "[97-97-200-96]",)),
+    Mutant("an ITL-bound step cuts a prompt where its query's last row rounds otherwise", "specdec/runtime/batch_chunks.py",
+           "        return last_row(end - start) == AMONG and (",
+           "        return True or last_row(end - start) == AMONG and (",
+           (PREFIX_STRESS + "::test_every_granule_cut_of_an_itl_bound_step_computes_each_position_as_a_fresh_prefill"
+            "_does",)),
 )
 
 
