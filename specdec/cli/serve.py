@@ -42,9 +42,9 @@ from specdec.models.extras import missing_dependency
               help="With --max-batch > 1: while requests run, a step takes only the prompt tokens that keep its "
                    "estimated cost (from measured call costs) within F times the step without them, so a running "
                    "request's time between tokens stays near F x its idle value during a burst, in 16-token "
-                   "pieces (the oldest prompt always gets one). A step carrying any prompt costs a ragged call, "
-                   "~2.4x a light load's plain step on 2 CPU cores, so F 2 measured ~4x idle ITL p99 there, "
-                   "against 7x without, and slower first tokens. 0: the --prefill-budget alone.")
+                   "pieces (the oldest prompt always gets one). On 2 CPU cores a 16-token piece costs about a "
+                   "light load's whole step, so F 2 measured ~4x idle ITL p99 there, against 7x without, and "
+                   "slower first tokens. 0: the --prefill-budget alone.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --max-batch 1: generations running at once; engine threads default to cores / this.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,

@@ -3,9 +3,9 @@
 Prompt chunks ride the running requests' call (batch_admission.py), so every prompt token a step takes
 delays their next token. With an ITL factor F, a step takes at most the prompt tokens whose estimated
 cost stays within (F - 1) x a recent step without them (vLLM's chunked prefill caps tokens only). When
-nothing runs, nobody waits for a token and the cap alone applies. The bound prices prompt tokens
-only: a step that carries any prompt is a ragged-rows call, on 2 CPU cores ~2.4x a light load's batched
-decode step by itself, so there F 2 held a burst's ITL p99 at ~4x idle, not 2x (benchmarks/SERVE-BATCH.md).
+nothing runs, nobody waits for a token and the cap alone applies. On 2 CPU cores F 2 held a burst's ITL
+p99 at ~4x idle, not 2x: the smallest piece (16 tokens, ~1 ms each in a small ragged row) already costs
+about a 2-row step, and the burst's requests join the steps as they start (benchmarks/SERVE-BATCH.md).
 """
 
 from __future__ import annotations
