@@ -31,8 +31,9 @@ from specdec.models.extras import missing_dependency
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="With --max-batch > 1: a prompt that starts as an earlier request's did (chat history, a system "
                    "prompt) reuses that slot's KV and skips prefilling it: only positions a fresh prefill computes "
-                   "bit for bit alike, so the output is the same without it. A reply's positions count only on "
-                   "int4 and --exact-steps artifacts (elsewhere 1-token steps round otherwise).")
+                   "bit for bit alike, so the output is the same without it. A reply's positions count where its "
+                   "steps verified drafts (a 1-token step rounds otherwise, but on int4 and --exact-steps "
+                   "artifacts): see --reply-reuse-share.")
 @click.option("--prefill-budget", type=click.IntRange(min=1), default=128, show_default=True, metavar="TOKENS",
               help="With --max-batch > 1: prompt tokens prefilled per step, in aligned 64-token chunks, the oldest "
                    "prompt first; they ride the running requests' call, which thus still get a token every step. "
@@ -45,6 +46,12 @@ from specdec.models.extras import missing_dependency
                    "pieces (the oldest prompt always gets one). On 2 CPU cores a 16-token piece costs about a "
                    "light load's whole step, so F 2 measured ~4x idle ITL p99 there, against 7x without, and "
                    "slower first tokens. 0: the --prefill-budget alone.")
+@click.option("--reply-reuse-share", type=click.FloatRange(0, 1), default=0.0, show_default=True, metavar="F",
+              help="With --max-batch > 1 and the prefix cache: keep replies reusable by the chat's next turn. A "
+                   "request that would decode one token alone verifies a 1-token guess (prompt lookup's, kept if "
+                   "the target agrees) where that adds at most F to the step's measured cost, so its positions "
+                   "are computed as a prefill computes them. Costs time between tokens (on 2 CPU cores one "
+                   "request's step ~+10-20%) for the next turn's first token. 0: off.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --max-batch 1: generations running at once; engine threads default to cores / this.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
@@ -92,7 +99,7 @@ from specdec.models.extras import missing_dependency
               show_default=True)
 @one_line_errors
 def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache, prefill_budget, prefill_itl_factor,
-          max_concurrency,
+          reply_reuse_share, max_concurrency,
           max_queue, request_timeout, max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys,
           api_key_file, public_metrics, allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, write_timeout,
           header_timeout, keep_alive_timeout, use_ray, replicas, replica_cpus, replica_gpus, ray_address,
@@ -111,7 +118,7 @@ def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache
 
     config = ServeConfig(artifact=artifact, model_name=model_name, max_batch=max_batch, kv_capacity=kv_capacity,
                          prefix_cache=prefix_cache, prefill_budget=prefill_budget, prefill_itl_factor=prefill_itl_factor,
-                         max_concurrency=max_concurrency,
+                         reply_reuse_share=reply_reuse_share, max_concurrency=max_concurrency,
                          max_queue=max_queue, request_timeout=request_timeout,
                          max_tokens_default=max_tokens_default, threads=threads, provider=provider,
                          num_draft_tokens=num_draft_tokens, drafter=drafter, stats_in_response=stats_in_response,

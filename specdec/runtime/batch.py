@@ -47,6 +47,7 @@ from specdec.runtime.batch_request import END, BatchRequest
 from specdec.runtime.batch_step import DRAFT_MARGIN, BatchStep
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.engine import Engine, GenerationStream
+from specdec.runtime.guess_rows import MAX_REPLY_REUSE_SHARE
 from specdec.runtime.loop import Iteration
 from specdec.runtime.prefill_budget import DEFAULT_PREFILL_TOKENS, PrefillBudget
 from specdec.runtime.slots import SlotArena
@@ -67,13 +68,19 @@ def _delegated(part: str, name: str, what: str) -> property:
 class BatchEngine(SlotAdmission, BatchStep):
     """An Engine's target run for many requests at once, in `max_batch` KV slots of `kv_capacity` positions; each
     step prefills at most `prefill_budget` prompt tokens, and while requests run, no more than keep the step within
-    `prefill_itl_factor` x its cost without them (prefill_budget.py; None: the budget alone)."""
+    `prefill_itl_factor` x its cost without them (prefill_budget.py; None: the budget alone). A request that would
+    decode one token alone verifies a 1-token guess instead where that adds at most `reply_reuse_share` to the step's
+    measured cost, so its reply stays reusable on the chat's next turn (guess_rows.py; 0: off)."""
 
     def __init__(self, engine: Engine, max_batch: int = DEFAULT_MAX_BATCH, kv_capacity: int = DEFAULT_KV_CAPACITY,
                  on_step: Callable[[int], None] | None = None, prefix_cache: bool = True,
-                 prefill_budget: int = DEFAULT_PREFILL_BUDGET, prefill_itl_factor: float | None = None):
+                 prefill_budget: int = DEFAULT_PREFILL_BUDGET, prefill_itl_factor: float | None = None,
+                 reply_reuse_share: float = 0.0):
         if max_batch < 1:
             raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
+        if not 0 <= reply_reuse_share <= MAX_REPLY_REUSE_SHARE:
+            raise GenerationError(f"reply_reuse_share must be in [0, {MAX_REPLY_REUSE_SHARE}], got {reply_reuse_share}")
+        self.reply_reuse_share = reply_reuse_share
         try:
             self.budget = PrefillBudget(prefill_budget, prefill_itl_factor)
         except ValueError as err:

@@ -69,6 +69,7 @@ class TargetCalls:
         self.verify_costs = BatchCallCosts()  # a speculating request's drafting + batch-1 verify call, by tokens
         self.ragged_costs = BatchCallCosts()  # one ragged-rows call (every slot's row), by tokens
         self._ragged_shapes: set[int] = set()
+        self._verify_shapes: set[int] = set()
         self.ragged_calls = 0  # steps whose verify rows shared one ragged-rows call
         self.ragged_prefills = 0  # prefills of several admitted requests in one ragged-rows call
         self.idle_step: float | None = None  # recent steps without prompt tokens, seconds (EWMA; None: none yet)
@@ -185,7 +186,10 @@ class TargetCalls:
         start = time.perf_counter()
         logits = verify_call(self.engine.target, request.cache, state, request.row.proposal.tokens)
         seconds = time.perf_counter() - start
-        self.verify_costs.observe(len(request.row.proposal.tokens) + 1, seconds + drafting)
+        tokens = len(request.row.proposal.tokens) + 1
+        if tokens in self._verify_shapes:  # a shape's first call also plans its buffers: not its cost
+            self.verify_costs.observe(tokens, seconds + drafting)
+        self._verify_shapes.add(tokens)
         return RowLogits(request, logits, seconds)
 
     def verify_seconds(self) -> Callable[[int], float]:

@@ -24,6 +24,7 @@ from specdec.runtime.batch_calls import RowLogits
 from specdec.runtime.batch_plan import choose_draft_lengths_ragged, choose_speculating, drafts_cannot_pay
 from specdec.runtime.batch_request import (BatchRequest, RowPlan, draft_candidate, draft_lag, drafts_free, k_gives_way,
                                            largest_k)
+from specdec.runtime.guess_rows import GUESS, guess, guesses_within
 from specdec.runtime.loop import MAX_DRAFT_ROOM, commit, constrain, draft, plan
 
 # Drafts must promise this much more than a step without them: every other row pays for a wrong yes, and a
@@ -49,9 +50,38 @@ class BatchStep:
         for request, k in zip(running, self._draft_lengths(running, sum(len(r.chunk) for r in admitted))):
             request.choose_k(k)
         self.drafting.draft_all(running)
+        self._guess_lone_rows(running, sum(len(r.chunk) for r in admitted), bool(admitted))
         self._constrain_rows(running)
         self._score_and_commit(running, admitted, start)
         self._reap_cancelled()
+
+    def _guess_lone_rows(self, running: list[BatchRequest], prompt_tokens: int, admitted: bool) -> None:
+        """Give a 1-token guess to the requests whose row would be a lone query row while their reply is still
+        reusable, as many as the step's measured costs allow (guess_rows.py); the guess is verified as any draft."""
+        arena, calls = self.arena, self.calls
+        if not (self.reply_reuse_share and arena.limits_reuse and arena.keep_prefixes):
+            return
+        lone = [r for r in running if not r.row.proposal.tokens and _guessable(r)]
+        if not lone:
+            return
+        ragged = admitted or calls.ragged_mode(running)
+        if ragged:
+            tokens = prompt_tokens + sum(1 + len(r.row.proposal.tokens) for r in running)
+            batched = not admitted and not calls.plain_steps_ragged() and not any(
+                r.hidden or r.row.proposal.tokens for r in running)  # else a ragged call anyway
+
+            def step_seconds(guesses: int) -> float:  # a step with no drafts is a batched decode call
+                if guesses == 0 and batched:
+                    return calls.batch_costs.seconds(len(running))
+                return calls.ragged_costs.seconds(tokens + guesses)
+        elif len(running) == 1:
+            def step_seconds(guesses: int) -> float:  # the single loop's t(n): both sides timed alike
+                return self.engine.target_call_costs.relative(1 + guesses)
+        else:
+            return  # a guess would be a verify call of its own beside the batched one
+        for request in lone[:guesses_within(len(lone), step_seconds, self.reply_reuse_share)]:
+            request.row.proposal = guess(request.state.context, request.state.drafter.propose)
+            request.row.situation = GUESS
 
     @staticmethod
     def _constrain_rows(running: list[BatchRequest]) -> None:
@@ -175,5 +205,20 @@ class BatchStep:
     def _commit_row(self, row: RowLogits) -> None:
         """Commit one request's row of a target call (the loop's commit rolls its KV back) and deliver it."""
         request = row.request
-        self._deliver(request, commit(request.state, request.cache, request.row.situation, request.row.proposal,
-                                      row.logits, row.target_seconds))
+        rows = 1 + len(request.row.proposal.tokens)
+        start = request.cache.length - rows  # the call appended its rows; commit keeps the accepted ones
+        iteration = commit(request.state, request.cache, request.row.situation, request.row.proposal,
+                           row.logits, row.target_seconds)
+        self.arena.scored(request.cache, start, rows)
+        self._deliver(request, iteration)
+
+
+def _guessable(request: BatchRequest) -> bool:
+    """Return whether a request may verify a guess this step: it drafts by prompt lookup (a guess is one more
+    lookup; a draft model or head keeps its own state), its reply is reusable so far (SlotCache.exact) and a
+    token is left before max_new_tokens and the position limit."""
+    state, situation = request.state, request.row.situation
+    config = state.request
+    room = min(config.max_new_tokens - state.generated - 1, config.max_positions - len(state.context))
+    return (state.drafting and not request.hidden and state.drafter.drafts_by_lookup(situation)
+            and request.cache.exact == request.cache.length and room >= 1)

@@ -34,7 +34,8 @@ class SlotCache(KVCache):
     slot: int = -1
     kept_ids: tuple[int, ...] = ()  # the last request's tokens, whose KV stays valid in the row while it is free
     # Leading positions of its tokens (or kept ones) whose KV a fresh chunked prefill of them computes bit for bit
-    # alike: those a prefill wrote (SlotArena.prefilled), not a query's lone last row nor a 1-token step's.
+    # alike: those a prefill or a verify call wrote (SlotArena.prefilled, .scored), not a query's lone last row nor a
+    # 1-token step's.
     exact: int = 0
     released: int = 0  # when it was last given back (the arena's count of releases)
 
@@ -247,6 +248,16 @@ class SlotArena:
         a longer prompt's prefill computes it among others) nor any after it (SlotCache.exact)."""
         if cache.exact == cache.length - rows:
             cache.exact = cache.length - (0 if last_row(rows) == AMONG else 1)
+
+    def scored(self, cache: SlotCache, start: int, rows: int) -> None:
+        """Note that a step's query of `rows` rows from position `start` (the last token and its drafts) was
+        committed: the positions it kept are computed as a fresh prefill computes them where the query had 2+ rows
+        (a lone row rounds otherwise), all but its last row unless that row lies among others (`last_row`), and
+        every position before `start` was (SlotCache.exact). So a reply decoded with drafts every step is reused
+        on the chat's next turn; one 1-token step ends what may be reused there."""
+        if cache.exact != start or rows < 2:
+            return
+        cache.exact = min(cache.length, start + rows - (0 if last_row(rows) == AMONG else 1))
 
     def _start(self, prompt_ids: list[int], reusable: int) -> int:
         """Return where the prompt's prefill starts when `reusable` of its positions could be reused

@@ -46,6 +46,8 @@ class ServeConfig:
     # batch engine: while requests run, a step's prompt tokens keep it within this many times its cost without them
     # (their inter-token latency during a burst); None or 0: the budget alone
     prefill_itl_factor: float | None = None
+    # batch engine: guess rows may add this share to a step's cost to keep replies reusable (guess_rows.py); 0: off
+    reply_reuse_share: float = 0.0
     max_queue: int = 16  # requests waiting for a slot; one more gets 429 + Retry-After
     request_timeout: float = 300.0  # seconds from arrival (queue included) until a request is cut off
     max_tokens_default: int = 256  # max_tokens when the request sets none
@@ -79,6 +81,8 @@ class ServeConfig:
             raise SpecdecError(f"prefill_budget must be >= 1 prompt token a step, got {self.prefill_budget}")
         if self.prefill_itl_factor and not self.prefill_itl_factor > 1:
             raise SpecdecError(f"prefill_itl_factor must be > 1 (0: off), got {self.prefill_itl_factor}")
+        if not 0 <= self.reply_reuse_share <= 1:
+            raise SpecdecError(f"reply_reuse_share must be in [0, 1], got {self.reply_reuse_share}")
         if self.max_body_bytes < 1024:
             raise SpecdecError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if any(not key or key != key.strip() for key in self.api_keys):

@@ -10,11 +10,14 @@ import onnx
 import pytest
 
 from specdec.models.errors import GenerationError
+from specdec.runtime import batch_step
 from specdec.runtime.batch import BatchEngine
 from specdec.runtime.batch_chunks import PREFILL_CHUNK
 from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, DraftRecord, ShadowDraft,
                                         choose_draft_lengths_ragged, choose_speculating, drafts_cannot_pay)
+from specdec.runtime.drafters import Proposal
 from specdec.runtime.engine import Engine, GenerationConfig
+from specdec.runtime.guess_rows import GUESS
 from specdec.runtime.sampling import SamplingConfig
 
 from tests.runtime.test_exactness import PROMPTS, _chi_square, _target_joint
@@ -137,6 +140,44 @@ def test_sampled_distribution_under_batching_is_the_targets(engine):
         assert set(observed) <= set(exact), "sampled a sequence the target gives zero probability"
         chi2, critical = _chi_square(observed, exact, sum(observed.values()))
         assert chi2 < critical, (drafter, chi2, critical)
+
+
+def test_sampled_requests_verifying_guess_rows_keep_the_targets_distribution(engine, monkeypatch):
+    """Chi-square of the first four tokens' joint distribution of prompt-lookup requests that verify a 1-token guess
+    wherever they would decode one token alone (reply_reuse_share 1: guess_rows.py), 8 at a time: a guess is a
+    one-hot draft, accepted by the target's test or replaced from the residual, so the text is the target's.
+    The tiny target's text repeats nothing lookup could guess: the guesses here are its most likely next token
+    (from the exact joint), so both the test's outcomes happen often."""
+    settings = dict(temperature=1.3, top_k=3)
+    prompt_ids = engine.prompt_ids("one, two, three, one, two, three, one, two,")
+    exact = _target_joint(engine, prompt_ids, SamplingConfig(**settings), depth=4)
+    likely: dict[tuple[int, ...], Counter] = {}
+    for sequence, probability in exact.items():
+        for n in range(4):
+            likely.setdefault(sequence[:n], Counter())[sequence[n]] += probability
+    monkeypatch.setattr(batch_step, "guess", lambda context, lookup: Proposal(
+        [likely[tuple(context[len(prompt_ids):])].most_common(1)[0][0]], None))
+    observed, guesses = Counter(), Counter()
+
+    def seen(iteration):
+        if iteration.situation == GUESS:
+            guesses["accepted" if iteration.num_accepted else "rejected"] += 1
+
+    batch = BatchEngine(engine, max_batch=8, kv_capacity=64, reply_reuse_share=1.0)
+    try:
+        for start in range(0, 1200, 64):
+            streams = [batch.stream(prompt_ids, GenerationConfig(max_new_tokens=4, seed=s, drafter="ngram", **settings),
+                                    on_iteration=seen) for s in range(start, start + 64)]
+            for stream in streams:
+                for _ in stream:
+                    pass
+                observed[tuple(stream.result.token_ids[:4])] += 1
+    finally:
+        batch.shutdown()
+    assert guesses["accepted"] > 50 and guesses["rejected"] > 50, guesses  # not vacuous: guesses both ways
+    assert set(observed) <= set(exact), "sampled a sequence the target gives zero probability"
+    chi2, critical = _chi_square(observed, exact, sum(observed.values()))
+    assert chi2 < critical, (chi2, critical)
 
 
 def test_cancelled_and_finished_requests_free_their_slots(engine):
@@ -741,6 +782,7 @@ _SHARED_POOL_SCRIPT = """
 import sys, threading
 from specdec.runtime.batch import BatchEngine
 from specdec.runtime.engine import Engine, GenerationConfig
+from specdec.runtime.guess_rows import GUESS
 engine = Engine.load(sys.argv[1], provider="cpu", threads=1, shared_threads=True)
 assert engine.shared_pool
 prompts = sys.argv[2:]

@@ -430,3 +430,53 @@ def test_a_fresh_prompt_in_a_ragged_row_gets_the_logprobs_of_its_plain_calls(lon
         finally:
             batch.shutdown()
         assert np.array_equal(iterations[0].logprobs.top_values, expected.top_values), beside
+
+
+def _exact_frontier(batch: BatchEngine, prompt: list[int]) -> int:
+    """Return how many leading positions the slot that ran `prompt` keeps for reuse (SlotCache.exact)."""
+    caches = [c for c in batch.arena._caches if tuple(c.kept_ids[:len(prompt)]) == tuple(prompt)]
+    assert len(caches) == 1
+    return caches[0].exact
+
+
+@pytest.mark.parametrize("max_batch, beside", [(3, False), (8, True)])
+def test_a_second_turn_reuses_a_reply_decoded_with_drafts_and_gets_the_fresh_logprobs(long_engine, max_batch, beside):
+    """A reply whose every step verified drafts (2+ query rows: computed as a prefill computes them) is reused on the
+    chat's next turn, in batch-1 verify calls (max_batch 3) and in ragged rows beside a running request; so is one
+    whose steps without drafts verified a guess instead (reply_reuse_share: guess_rows.py). The second turn's
+    first-token logprobs are those of its prefill alone without the prefix cache, bit for bit. A reply of 1-token
+    steps is not reused (a lone query row rounds otherwise; not on the tiny model, whose rows are too short to
+    show it, but on SmolLM2: tests/runtime/test_smollm2.py)."""
+    rng = np.random.default_rng(7)
+    # Every token but EOS once: prompt lookup finds the last token at every step (K fixed: every step drafts); an
+    # order the target decodes to the end.
+    vocab = [t for t in range(long_engine.target.spec.vocab_size) if t not in long_engine.eos_token_ids]
+    prompt = next(p for p in ([int(t) for t in rng.permutation(vocab)] for _ in range(20)) if long_engine.generate(
+        p, GenerationConfig(max_new_tokens=24, drafter="none")).finish_reason == "length")
+    drafting = GenerationConfig(max_new_tokens=24, drafter="ngram", num_draft_tokens=3, ngram_min=1)
+    auto = GenerationConfig(max_new_tokens=24, drafter="ngram")  # K 0 where drafts do not pay: guesses there
+    target_only = GenerationConfig(max_new_tokens=24, drafter="none")  # never guesses: it asked for no drafts
+    for config, share, reaches_reply in ((drafting, 0.0, True), (auto, 1.0, True), (target_only, 1.0, False)):
+        batch = BatchEngine(long_engine, max_batch=max_batch, kv_capacity=POSITIONS, reply_reuse_share=share)
+        try:
+            running = _running_beside(batch, rng) if beside else None
+            answer = batch.generate(prompt, config)
+            reply = _reply(answer.token_ids, long_engine)
+            assert answer.finish_reason == "length" and len(reply) == 24
+            frontier = _exact_frontier(batch, prompt)
+            turn = prompt + reply + _tokens(rng, 5)
+            start = batch.prefix_tokens_reused
+            got = _first_logprobs(batch, turn)
+            reused = batch.prefix_tokens_reused - start
+            if running is not None:
+                running.cancel()
+        finally:
+            batch.shutdown()
+        if reaches_reply:  # all but the last reply token (it was never fed) and at most one row's tail
+            assert frontier >= len(prompt) + len(reply) - 2 and reused >= len(prompt) + len(reply) - 3, \
+                (frontier, reused)
+        else:
+            assert frontier <= len(prompt) and reused <= len(prompt), (frontier, reused)
+        expected = _alone(long_engine, [turn])[0]
+        assert got.top_ids[0].tolist() == expected.top_ids[0].tolist()
+        assert np.array_equal(got.top_values, expected.top_values), (config.drafter, share, max_batch)

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from specdec.models.manifest import load_manifest
@@ -78,3 +79,42 @@ def test_optimized_graph_greedy_equals_plain(engine, smollm2_plain_artifact):
         print("optimized vs plain:", mismatches)
         if not mismatches:
             assert a.token_ids == b.token_ids
+
+
+def test_a_second_chat_turn_reuses_the_reply_with_the_logprobs_of_a_fresh_prefill(engine):
+    """On a real model a lone query row rounds otherwise (MLAS's M = 1 kernel): a second turn that reused positions
+    of 1-token steps got first-token logprobs ~1e-6 from its fresh prefill's (measured with that rule undone). Reply
+    positions count only where 2+ query rows computed them (SlotArena.scored): with guess rows on
+    (reply_reuse_share) the second turn reuses most of the reply and its logprobs are the fresh ones bit for bit;
+    with them off, an open answer's 1-token steps leave only the prompt reusable."""
+    from specdec.runtime.batch import BatchEngine
+
+    codec = engine.codec
+    first = [{"role": "user", "content": PROMPTS[1]}]
+    for share in (1.0, 0.0):
+        batch = BatchEngine(engine, max_batch=8, reply_reuse_share=share)
+        fresh = BatchEngine(engine, max_batch=2, prefix_cache=False)
+        try:
+            prompt = codec.encode(codec.chat_prompt(first))
+            reply = batch.generate(prompt, GenerationConfig(max_new_tokens=32, drafter="ngram")).text
+            turn = codec.encode(codec.chat_prompt(first + [{"role": "assistant", "content": reply},
+                                                           {"role": "user", "content": "Now make it shorter."}]))
+            before = batch.prefix_tokens_reused
+            got = _first_logprobs(batch, turn)
+            reused = batch.prefix_tokens_reused - before
+            expected = _first_logprobs(fresh, turn)
+        finally:
+            batch.shutdown()
+            fresh.shutdown()
+        assert (reused >= len(prompt) + 16) if share else (reused <= len(prompt)), (share, reused, len(prompt))
+        assert got.top_ids[0].tolist() == expected.top_ids[0].tolist()
+        assert np.array_equal(got.top_values, expected.top_values), share
+
+
+def _first_logprobs(batch, prompt_ids):
+    """Return the TokenLogprobs of the greedy first token of `prompt_ids` run in `batch`."""
+    iterations = []
+    for _ in batch.stream(prompt_ids, GenerationConfig(max_new_tokens=1, drafter="none", logprobs=3),
+                          on_iteration=iterations.append):
+        pass
+    return iterations[0].logprobs
