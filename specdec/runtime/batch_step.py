@@ -25,7 +25,7 @@ from specdec.runtime.batch_plan import choose_draft_lengths_ragged, choose_specu
 from specdec.runtime.batch_request import (BatchRequest, RowPlan, draft_candidate, draft_lag, drafts_free, k_gives_way,
                                            largest_k)
 from specdec.runtime.guess_rows import GUESS, guess, guesses_within
-from specdec.runtime.loop import MAX_DRAFT_ROOM, commit, constrain, draft, plan
+from specdec.runtime.loop import MAX_DRAFT_ROOM, commit, constrain, draft, draft_room, plan
 
 # Drafts must promise this much more than a step without them: every other row pays for a wrong yes, and a
 # request's acceptance is known from a few iterations (at 1.0, n-gram rows drafted under load and lost 16%).
@@ -217,8 +217,6 @@ def _guessable(request: BatchRequest) -> bool:
     """Return whether a request may verify a guess this step: it drafts by prompt lookup (a guess is one more
     lookup; a draft model or head keeps its own state), its reply is reusable so far (SlotCache.exact) and a
     token is left before max_new_tokens and the position limit."""
-    state, situation = request.state, request.row.situation
-    config = state.request
-    room = min(config.max_new_tokens - state.generated - 1, config.max_positions - len(state.context))
-    return (state.drafting and not request.hidden and state.drafter.drafts_by_lookup(situation)
-            and request.cache.exact == request.cache.length and room >= 1)
+    state = request.state
+    return (state.drafting and not request.hidden and state.drafter.drafts_by_lookup(request.row.situation)
+            and request.cache.exact == request.cache.length and draft_room(state) >= 1)

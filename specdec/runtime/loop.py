@@ -191,15 +191,20 @@ def plan(state: DecodeState) -> tuple[str | None, int]:
     """Return (the drafting situation, K) for the next iteration: the policy's K within the request's limits."""
     if not state.drafting:
         return None, 0
-    request = state.request
-    # The target call takes k+1 tokens on a cache of len(context)-1 positions.
-    room = min(request.max_new_tokens - state.generated - 1, request.max_positions - len(state.context))
+    room = draft_room(state)
     # Tokens a grammar forces cost no drafter and are nearly always accepted: they are the drafts, whatever K.
     state.forced = state.grammar.forced(min(room, MAX_DRAFT_TOKENS)) if state.grammar is not None else []
     if state.forced:
         return FORCED, len(state.forced)
     situation = state.drafter.situation(state.context)
     return situation, min(state.policy.choose(situation), room)
+
+
+def draft_room(state: DecodeState) -> int:
+    """Return how many drafts the next target call may verify before max_new_tokens or the position limit."""
+    request = state.request
+    # The target call takes k+1 tokens on a cache of len(context)-1 positions.
+    return min(request.max_new_tokens - state.generated - 1, request.max_positions - len(state.context))
 
 
 def draft(state: DecodeState, k: int) -> Proposal:

@@ -9,6 +9,7 @@ from specdec.models.manifest import load_manifest
 from specdec.runtime.engine import Engine, GenerationConfig
 
 from tests.runtime.helpers import greedy, near_tie_mismatches
+from tests.runtime.test_prefix_cache_stress import _first_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -110,11 +111,3 @@ def test_a_second_chat_turn_reuses_the_reply_with_the_logprobs_of_a_fresh_prefil
         assert got.top_ids[0].tolist() == expected.top_ids[0].tolist()
         assert np.array_equal(got.top_values, expected.top_values), share
 
-
-def _first_logprobs(batch, prompt_ids):
-    """Return the TokenLogprobs of the greedy first token of `prompt_ids` run in `batch`."""
-    iterations = []
-    for _ in batch.stream(prompt_ids, GenerationConfig(max_new_tokens=1, drafter="none", logprobs=3),
-                          on_iteration=iterations.append):
-        pass
-    return iterations[0].logprobs
