@@ -6,23 +6,18 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
 
 from specdec.benchmarks import serve_load
 from specdec.benchmarks.serve_load_stats import arrival_times
+from tests.serve.fake_sse import SSEHandler, loopback_server
 
 HANG_SECONDS = 60.0  # a "hang" request streams nothing for this long unless the server stops first
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"  # the stream ends when the connection closes: no length, no chunking
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
-
+class _Handler(SSEHandler):
     def do_GET(self) -> None:
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
@@ -54,24 +49,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": per * chunks}})
         self.wfile.write(b"data: [DONE]\n\n")
 
-    def _send(self, event: dict) -> None:
-        self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-        self.wfile.flush()
-
 
 @pytest.fixture
 def fake_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    server.seen, server.stopping = [], threading.Event()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    server.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield server
-    server.stopping.set()
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with loopback_server(_Handler, seen=[], stopping=threading.Event()) as server:
+        try:
+            yield server
+        finally:
+            server.stopping.set()  # a hanging request ends before the server shuts down
 
 
 def _prompts(tmp_path, *texts: str):

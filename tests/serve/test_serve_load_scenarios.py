@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
@@ -17,17 +16,13 @@ from specdec.benchmarks.serve_load_prompts import count_tokens
 from specdec.benchmarks.serve_load_workloads import FOLLOW_UPS, LONG_PROMPTS
 from tests.bench.test_serve_load_scenarios import trained_bpe
 from tests.serve.conftest import MODEL, live_server
+from tests.serve.fake_sse import SSEHandler, loopback_server
 
 LONG_GAP, SLOW_GAP, SLOW_SECONDS = 0.01, 0.08, 0.3  # a running request's gap, and while a new prompt arrives
 EOS_AFTER = 150  # a running request without ignore_eos ends here (the model's end of text)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"  # the stream ends when the connection closes
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
-
+class _Handler(SSEHandler):
     def do_GET(self) -> None:
         from prometheus_client import generate_latest
 
@@ -70,27 +65,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._send({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(gaps)}})
         self.wfile.write(b"data: [DONE]\n\n")
 
-    def _send(self, event: dict) -> None:
-        self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-        self.wfile.flush()
-
 
 @pytest.fixture
 def fake_server():
     from prometheus_client import CollectorRegistry, Histogram
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    server.seen, server.lock, server.slow_until, server.tokenizer = [], threading.Lock(), 0.0, trained_bpe()
-    server.registry = CollectorRegistry()
-    server.parts = Histogram("specdec:ttft_part_seconds", "parts", ["model_name", "part"], registry=server.registry)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    server.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    registry = CollectorRegistry()
+    parts = Histogram("specdec:ttft_part_seconds", "parts", ["model_name", "part"], registry=registry)
+    with loopback_server(_Handler, seen=[], lock=threading.Lock(), slow_until=0.0, tokenizer=trained_bpe(),
+                         registry=registry, parts=parts) as server:
+        yield server
 
 
 def _prompts(tmp_path) -> str:
