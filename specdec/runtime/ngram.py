@@ -11,6 +11,7 @@ def ngram_propose(context: list[int], k: int, min_n: int = 1, max_n: int = 4) ->
 
         context = [5, 6, 7, 9, 5, 6, 7]
         suffix [5, 6, 7] (n=3) occurred at positions 0..2, so propose [9, 5].
+    A continuation that reaches the end of the context goes on copying itself (`overlapping_copy`).
     Returns [] when no n-gram of size min_n..max_n recurs.
     """
     length = len(context)
@@ -19,8 +20,25 @@ def ngram_propose(context: list[int], k: int, min_n: int = 1, max_n: int = 4) ->
         # Most recent earlier occurrence: scan end positions from the right, excluding the suffix itself.
         for end in range(length - 1, n - 1, -1):
             if context[end - n:end] == suffix:
-                return context[end:end + k]
+                return overlapping_copy(context, end, k)
     return []
+
+
+def overlapping_copy(tokens: list[int], start: int, k: int) -> list[int]:
+    """Return k tokens copied from tokens[start:], going on through the copy itself past the end.
+
+    A match that recurs within k tokens of the end is a loop (period len(tokens) - start): a small
+    greedy model's repeats run hundreds of tokens, and stopping the copy at the end would draft one
+    period a call. As in LZ77, the copy's source may overlap what it writes:
+
+    >>> overlapping_copy([4, 5, 4, 5], 2, 5)
+    [4, 5, 4, 5, 4]
+    """
+    copied = tokens[start:start + k]
+    period = len(tokens) - start
+    while 0 < period and len(copied) < k:
+        copied.append(copied[len(copied) - period])
+    return copied
 
 
 # What the index knows about the n-gram it would copy from; the adaptive draft length keeps
@@ -73,7 +91,7 @@ class NgramIndex:
     def propose(self, k: int) -> list[int]:
         """Return up to k tokens following the most recent earlier match of the longest suffix ([] if none)."""
         start, _, _ = self._longest_match()
-        return self.tokens[start:start + k] if start is not None else []
+        return overlapping_copy(self.tokens, start, k) if start is not None else []
 
     def situation(self) -> str:
         """Return what `propose` would copy from: one of SITUATIONS, + ONE_TOKEN_MATCH for a 1-token match."""

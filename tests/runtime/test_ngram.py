@@ -18,10 +18,11 @@ def _index(tokens, min_n=1, max_n=4):
     ([5, 6, 7, 5, 6, 8, 0, 5, 6], 1, [8]),
     # no n-gram recurs
     ([1, 2, 3, 4], 3, []),
-    # match at the very end: the continuation runs into the suffix itself (periodic text)
-    ([4, 5, 4, 5, 4, 5], 3, [4, 5]),
-    # continuation shorter than k: stops at the end of the context
-    ([7, 8, 7], 5, [8, 7]),
+    # match at the very end: the continuation runs into the suffix itself and goes on copying the loop
+    ([4, 5, 4, 5, 4, 5], 3, [4, 5, 4]),
+    ([7, 8, 7], 5, [8, 7, 8, 7, 8]),
+    # a loop of period 3 whose latest match is one period back
+    ([1, 2, 3, 1, 2, 3, 1], 7, [2, 3, 1, 2, 3, 1, 2]),
     # empty and single-token contexts propose nothing
     ([], 3, []),
     ([1], 3, []),
