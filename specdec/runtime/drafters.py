@@ -261,6 +261,11 @@ class NgramDrafter:
             return PHRASE_TABLE
         return self.index.situation()
 
+    def match_length(self, context: list[int]) -> int:
+        """Return the length of the context's longest suffix that occurred before (0: none)."""
+        self._catch_up(context)
+        return self.index.match_length()
+
     def propose(self, context: list[int], k: int) -> Proposal:
         """Return up to k tokens from the n-gram index, or from the phrase table ([] when neither has any)."""
         self._catch_up(context)

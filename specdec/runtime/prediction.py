@@ -5,8 +5,9 @@ is already written there. The drafter keeps a cursor into the prediction where t
 continuation should be and proposes the tokens from there. Where the answer departs from the
 prediction (the edited span), the cursor is lost; it is found again by matching the answer's
 latest tokens in the prediction, as prompt lookup matches the prompt, so an insertion or a
-deletion does not end the drafting. While the prediction has nothing to offer, prompt lookup
-over the context proposes instead (a fallback drafter).
+deletion does not end the drafting. While the prediction has nothing to offer, or prompt lookup
+over the context matches a longer suffix than the cursor's (an answer that loops or rewrites in
+its own words), prompt lookup proposes instead (a fallback drafter).
 
 Drafts are deterministic (q one-hot), verified by the target like any others: the output is
 exactly the target's whatever the prediction says.
@@ -22,6 +23,9 @@ import numpy as np
 from specdec.runtime.drafters import DrafterStats, NgramDrafter, Proposal
 
 PREDICTION = "prediction"  # the situation label of drafts copied from the prediction
+# ...where the cursor rests on one agreeing token only (a 1-token realignment): a far weaker hint, so the
+# adaptive K keeps its acceptance apart.
+PREDICTION_1_TOKEN = PREDICTION + ", 1-token match"
 MAX_MATCH = 6  # longest suffix of the answer matched against the prediction when realigning
 # A 1-token match realigns only this close after the last aligned place: anywhere else, a common token
 # (a space, a comma) would send the cursor to a random spot.
@@ -49,6 +53,11 @@ class PredictionIndex:
         >>> PredictionIndex([5, 6, 7, 8, 6, 9]).realign([1, 6], last=3)
         5
         """
+        found = self.realign_match(recent, last)
+        return found[0] if found is not None else None
+
+    def realign_match(self, recent: Sequence[int], last: int) -> tuple[int, int] | None:
+        """Return `realign`'s index and the length of the suffix that placed it, or None."""
         for n in range(min(self.max_n, len(recent)), 0, -1):
             ends = self._ends.get(tuple(recent[-n:]))
             if not ends:
@@ -57,9 +66,9 @@ class PredictionIndex:
             if n == 1:
                 near = [end for end in after if end - last <= NEAR]
                 if near:
-                    return near[0]
+                    return near[0], 1
                 continue
-            return after[0] if after else ends[-1]
+            return (after[0] if after else ends[-1]), n
         return None
 
 
@@ -74,6 +83,9 @@ class PredictionDrafter:
         self.index = PredictionIndex(prediction)
         self.fallback = fallback
         self.cursor: int | None = 0  # the prediction index of the answer's next token (None: lost)
+        # How many of the answer's latest tokens agree with the prediction before the cursor (capped at
+        # MAX_MATCH); the answer's start counts as one, since a prediction begins where the answer does.
+        self.agreement = 1
         self._last = 0  # the cursor's last known place
         self._prompt_length: int | None = None
         self._seen = 0  # context tokens the cursor has followed
@@ -104,18 +116,25 @@ class PredictionDrafter:
             self.fallback.begin(prompt_ids)
 
     def situation(self, context: list[int]) -> str:
-        """Return PREDICTION where the prediction has tokens to offer, else the fallback's situation."""
+        """Return PREDICTION (or PREDICTION_1_TOKEN) where the prediction proposes, else the fallback's situation."""
         self._follow(context)
-        if self._offers():
-            return PREDICTION
+        if self._from_prediction(context):
+            return PREDICTION if self.agreement >= 2 else PREDICTION_1_TOKEN
         return self.fallback.situation(context) if self.fallback is not None else PREDICTION
 
     def propose(self, context: list[int], k: int) -> Proposal:
         """Return up to k tokens of the prediction from the cursor, else the fallback's proposal."""
         self._follow(context)
-        if self._offers():
+        if self._from_prediction(context):
             return Proposal(self.prediction[self.cursor:self.cursor + k], None)
         return self.fallback.propose(context, k) if self.fallback is not None else Proposal([], None)
+
+    def _from_prediction(self, context: list[int]) -> bool:
+        """Whether the prediction proposes next: it has tokens at the cursor, and prompt lookup does not match
+        a longer suffix of the context than the one agreeing with the prediction."""
+        if not self._offers():
+            return False
+        return self.fallback is None or self.fallback.match_length(context) <= self.agreement
 
     def accept(self, context: list[int], target_hidden: np.ndarray | None = None) -> None:
         """Move the cursor over the committed tokens (realigning where they depart from the prediction)."""
@@ -136,9 +155,11 @@ class PredictionDrafter:
             if self.cursor is not None and self.cursor < len(prediction) and prediction[self.cursor] == token:
                 self.cursor += 1
                 self._last = self.cursor
+                self.agreement = min(self.agreement + 1, MAX_MATCH)
             else:
                 recent = context[max(self._prompt_length, position + 1 - MAX_MATCH):position + 1]  # the answer's tail
-                self.cursor = self.index.realign(recent, self._last)
+                found = self.index.realign_match(recent, self._last)
+                self.cursor, self.agreement = found if found is not None else (None, 0)
                 if self.cursor is not None:
                     self._last = self.cursor
         self._seen = len(context)

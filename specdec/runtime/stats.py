@@ -124,12 +124,13 @@ class GenerationStats:
         return self.expected_speedup()
 
     def prediction_tokens(self, label: str = "prediction") -> tuple[int, int]:
-        """Return (accepted, rejected) drafts copied from a predicted output (situation `label`): OpenAI's
-        accepted_prediction_tokens and rejected_prediction_tokens."""
-        counts = self.by_situation.get(label)
-        if counts is None:
-            return 0, 0
-        return counts["accepted"], counts["drafted"] - counts["accepted"]
+        """Return (accepted, rejected) drafts copied from a predicted output (situation `label`, or `label`
+        with a qualifier: "prediction, 1-token match"): OpenAI's accepted_prediction_tokens and
+        rejected_prediction_tokens."""
+        counted = [counts for situation, counts in self.by_situation.items()
+                   if situation == label or situation.startswith(label + ", ")]
+        accepted = sum(counts["accepted"] for counts in counted)
+        return accepted, sum(counts["drafted"] for counts in counted) - accepted
 
     def as_dict(self) -> dict[str, Any]:
         """Return counters and derived figures as one JSON-ready dict."""

@@ -6,7 +6,8 @@ import pytest
 
 from specdec.runtime.drafters import NgramDrafter
 from specdec.runtime.engine import Engine, GenerationConfig
-from specdec.runtime.prediction import PREDICTION, PredictionDrafter, PredictionIndex
+from specdec.runtime.ngram import SEEN_ONCE
+from specdec.runtime.prediction import PREDICTION, PREDICTION_1_TOKEN, PredictionDrafter, PredictionIndex
 
 
 def test_realign_prefers_the_longest_suffix_then_the_first_place_after_the_cursor():
@@ -42,6 +43,23 @@ def test_the_drafter_copies_from_its_cursor_and_realigns_after_an_insertion_and_
     context += [15, 18]  # 16 and 17 deleted: the 1-token match "18" is near the cursor
     drafter.accept(context)
     assert drafter.propose(context, 3).tokens == [19]
+
+
+def test_prompt_lookup_wins_over_a_cursor_placed_by_one_token_when_it_matches_longer():
+    prompt = [100, 101]
+    prediction = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    drafter = _drafter(prediction, prompt)
+    context = prompt + [10, 11, 50, 13]  # "13" alone places the cursor (1-token realignment)
+    assert drafter.situation(context) == PREDICTION_1_TOKEN
+    assert drafter.propose(context, 2).tokens == [14, 15]
+    context += [50, 13]  # the answer loops: "50 13" recurs, a 2-token match in the context
+    drafter.accept(context)
+    assert drafter.situation(context) == SEEN_ONCE
+    assert drafter.propose(context, 3).tokens == [50, 13, 50]
+    context += [14, 15]  # back on the prediction: two agreeing tokens outrank a 1-token lookup match
+    drafter.accept(context)
+    assert drafter.situation(context) == PREDICTION
+    assert drafter.propose(context, 2).tokens == [16, 17]
 
 
 @pytest.fixture(scope="module")
