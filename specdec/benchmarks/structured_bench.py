@@ -201,8 +201,8 @@ def _main(*, artifact, url, model, workloads, clients, requests, repeats, min_wa
         "notes": (["llama-server and vLLM have no Predicted Outputs: their edits go without the prediction, and "
                    "their texts (other weights or kernels) are compared with specdec's target-only text as is"]
                   if plain and "edit" in chosen else [])
-        + (["specdec holds a required tool call back until it is whole, so its TTFT on tools is close to its "
-            "end-to-end time"] if "tools" in chosen else []),
+        + (["TTFT on tools: the first streamed chunk carrying arguments text (specdec sends a required call's "
+            "name, then its arguments as they are decoded)"] if "tools" in chosen else []),
         "not_run": not_run,
     }
     _write(cells, summaries, setup, Path(output), Path(results) if results else None)

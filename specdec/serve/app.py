@@ -657,15 +657,23 @@ def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool,
         usage = None
         pending: list[logprobs_format.TokenEntry] = []  # logprobs ride the next text chunk
         sent = 0  # logprob entries sent so far
-        # Text that may turn out to be tool calls is held back: all of it under a required call, under "auto"
-        # until its first characters say it is text.
+        # Text that may turn out to be tool calls is held back: under "auto" until its first characters say it
+        # is text, or it ends as calls. A required call streams as calls as soon as its name is whole.
         held, holding = "", tools is not None
+        calls_stream = structured.CallStream() if tools is not None and tools.constrained else None
         try:
             async for kind, value in run.events():
                 if kind == "piece":
                     if holding:
                         held += value
-                        holding = tools.constrained or structured.may_be_calls(held)
+                        if calls_stream is not None:
+                            deltas = calls_stream.deltas(held)
+                            if deltas:
+                                yield _data(protocol.chunk(chat, id_, created, model, tool_calls=deltas,
+                                                           logprobs=run.choice_logprobs(pending, chat)))
+                                sent, pending = sent + len(pending), []
+                            continue
+                        holding = structured.may_be_calls(held)
                         if holding:
                             continue
                         value, held = held, ""
@@ -685,14 +693,20 @@ def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool,
                 pending = pending[:max(len(result.token_ids) - sent, 0)]  # none past a stop string
                 logprobs = run.choice_logprobs(pending, chat) if pending else None
                 calls = structured.parse_calls(result.text, tools) if holding else None
-                if calls:  # one delta with every call whole: what the openai client's stream assembler reads
-                    yield _data(protocol.chunk(chat, id_, created, model, logprobs=logprobs,
-                                               tool_calls=[call.as_openai(i) for i, call in enumerate(calls)]))
+                rest = calls_stream.deltas(result.text) if calls_stream is not None else []
+                last: dict[str, Any] | None = None  # the chunk before the finish, if one is due
+                if calls_stream is not None and calls_stream.started:
+                    # the calls' last text; a call cut by max_tokens stays cut, as its finish reason says
+                    last = {"tool_calls": rest} if rest else None
+                elif calls:  # one delta with every call whole: what the openai client's stream assembler reads
+                    last = {"tool_calls": [call.as_openai(i) for i, call in enumerate(calls)]}
                 elif held:
-                    yield _data(protocol.chunk(chat, id_, created, model, text=held, logprobs=logprobs))
+                    last = {"text": held}
+                if last is not None:
+                    yield _data(protocol.chunk(chat, id_, created, model, logprobs=logprobs, **last))
                 finish = "tool_calls" if calls else protocol.FINISH_REASONS.get(result.finish_reason, "stop")
                 yield _data(protocol.chunk(chat, id_, created, model, finish=finish, extra=extra,
-                                           logprobs=None if calls or held else logprobs))
+                                           logprobs=None if last is not None else logprobs))
         except APIError as err:  # the status line is gone: the error travels as an event, as vLLM does
             yield _data(err.body())
             yield "data: [DONE]\n\n"

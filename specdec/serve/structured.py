@@ -17,8 +17,9 @@ answer is free and parsed afterwards (a call, or `<tool_call>...</tool_call>` bl
 from __future__ import annotations
 
 import json
+import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.runtime.grammar import GrammarSpec
@@ -253,6 +254,82 @@ def parse_calls(text: str, plan: ToolPlan) -> list[ToolCall] | None:
         calls.append(ToolCall(value["name"], json.dumps(value.get("arguments", {}), ensure_ascii=False),
                               f"call_{uuid.uuid4().hex[:24]}"))
     return calls or None
+
+
+# A constrained call's text up to its arguments: `{"name": "NAME", "arguments": ` (the grammar fixes the key order).
+CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+CALL_GAP = re.compile(r"\s*,?\s*")  # between two calls of a list
+
+
+def scan_calls(text: str) -> list[tuple[str, str]]:
+    """Return (name, arguments text so far) of each call a constrained answer's text has begun, in order.
+
+    For an answer the tool grammar constrains (a call, or a list of them): a call counts once its name and
+    the "arguments" key are whole; its arguments grow with the text until their closing brace.
+
+    >>> scan_calls('[{"name": "f", "arguments": {"a": "}"}}, {"name": "g", "argu')
+    [('f', '{"a": "}"}')]
+    """
+    calls: list[tuple[str, str]] = []
+    position = len(text) - len(text.lstrip())
+    if text[position:position + 1] == "[":
+        position += 1
+    while True:
+        head = CALL_HEAD.match(text, position)
+        if head is None:
+            return calls
+        start = head.end()
+        end = _object_end(text, start)
+        calls.append((json.loads(f'"{head.group(1)}"'), text[start:end]))
+        if end >= len(text) or text[end - 1] != "}":
+            return calls
+        position = CALL_GAP.match(text, end + 1).end() if text[end:end + 1] == "}" else len(text)
+
+
+def _object_end(text: str, start: int) -> int:
+    """Return the index just past the JSON object that starts at `start` (len(text) if it is not closed yet)."""
+    depth, in_string, escaped = 0, False, False
+    for index in range(start, len(text)):
+        char = text[index]
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return index + 1
+    return len(text)
+
+
+@dataclass
+class CallStream:
+    """Turns a constrained tool-call answer's growing text into OpenAI's streamed `delta.tool_calls`: a call's
+    first delta carries its index, id, type and name (arguments ""), the next ones its arguments' new text."""
+
+    ids: list[str] = field(default_factory=list)  # of the calls announced so far
+    sent: list[int] = field(default_factory=list)  # argument characters sent per call
+
+    def deltas(self, text: str) -> list[dict[str, Any]]:
+        """Return the deltas that bring a client from what was sent to `text` (the answer so far)."""
+        out = []
+        for index, (name, arguments) in enumerate(scan_calls(text)):
+            if index == len(self.ids):
+                self.ids.append(f"call_{uuid.uuid4().hex[:24]}")
+                self.sent.append(0)
+                out.append({"index": index, "id": self.ids[index], "type": "function",
+                            "function": {"name": name, "arguments": ""}})
+            if len(arguments) > self.sent[index]:
+                out.append({"index": index, "function": {"arguments": arguments[self.sent[index]:]}})
+                self.sent[index] = len(arguments)
+        return out
+
+    @property
+    def started(self) -> bool:
+        """Return whether a call was announced."""
+        return bool(self.ids)
 
 
 def _json(text: str) -> Any:

@@ -9,6 +9,7 @@ import httpx
 import jsonschema
 import pytest
 
+from specdec.serve import structured
 from tests.serve.conftest import MODEL
 
 openai = pytest.importorskip("openai")
@@ -90,6 +91,40 @@ def test_a_required_tool_call_parses_and_validates_streamed_and_not(server):
     streamed_call = final.choices[0].message.tool_calls[0]
     assert streamed_call.function.name == "get_weather" and final.choices[0].finish_reason == "tool_calls"
     jsonschema.validate(json.loads(streamed_call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_call_stream_announces_each_call_then_streams_its_arguments_text():
+    text = '[{"name": "get_weather", "arguments": {"city": "P\\"a}", "unit": "C"}}, {"name": "get_time", "arguments": {}}]'
+    stream, deltas = structured.CallStream(), []
+    for end in range(len(text) + 1):  # one character at a time, as pieces may cut anywhere
+        deltas += stream.deltas(text[:end])
+    heads = [d for d in deltas if "id" in d]
+    assert [(d["index"], d["function"]["name"], d["function"]["arguments"]) for d in heads] == [
+        (0, "get_weather", ""), (1, "get_time", "")]
+    assert all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"} for d in deltas if "id" not in d)
+    arguments = ["".join(d["function"]["arguments"] for d in deltas if d["index"] == i) for i in (0, 1)]
+    assert [json.loads(a) for a in arguments] == [{"city": 'P"a}', "unit": "C"}, {}]
+    assert stream.deltas(text) == []  # nothing new: nothing sent twice
+    assert structured.scan_calls('{"name": "get_weather", "argum') == []  # no call before its name and key are whole
+
+
+def test_a_required_call_streams_its_name_first_then_its_arguments_in_pieces(server):
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 72, "temperature": 0, "stream": True,
+            "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}
+    deltas, finish = [], None
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    deltas += choice["delta"].get("tool_calls") or []
+                    finish = choice["finish_reason"] or finish
+    assert deltas[0]["function"] == {"name": "get_weather", "arguments": ""} and deltas[0]["id"].startswith("call_")
+    pieces = [d["function"]["arguments"] for d in deltas[1:]]
+    assert len(pieces) >= 2 and all("name" not in d["function"] for d in deltas[1:])  # streamed, not held back whole
+    whole = _client(server).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=72, temperature=0,
+                                                   tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    assert finish == "tool_calls"
+    assert json.loads("".join(pieces)) == json.loads(whole.choices[0].message.tool_calls[0].function.arguments)
 
 
 def test_a_tool_result_is_accepted_in_the_next_turn_and_auto_answers(server):

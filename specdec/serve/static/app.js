@@ -101,6 +101,18 @@ function addTurn(role, text) {
   return div;
 }
 
+// Fold streamed delta.tool_calls into whole calls, as the openai client does: a call's first delta carries its
+// index, id and name; later ones add to its arguments.
+function mergeCalls(calls, deltas) {
+  for (const delta of deltas) {
+    const call = calls[delta.index] || (calls[delta.index] = {index: delta.index, id: delta.id, type: "function",
+                                                               function: {name: "", arguments: ""}});
+    if (delta.id) call.id = delta.id;
+    if (delta.function && delta.function.name) call.function.name = delta.function.name;
+    if (delta.function && delta.function.arguments) call.function.arguments += delta.function.arguments;
+  }
+}
+
 // Replace the answer's tokens by a box per call: the function's name and its arguments, pretty-printed.
 function showCalls(answer, calls) {
   answer.textContent = "";
@@ -175,7 +187,7 @@ async function send() {
   try {
     const timing = await stream(body, (event) => {
       const choice = event.choices && event.choices[0];
-      if (choice && choice.delta && choice.delta.tool_calls) calls.push(...choice.delta.tool_calls);
+      if (choice && choice.delta && choice.delta.tool_calls) mergeCalls(calls, choice.delta.tool_calls);
       if (choice && choice.logprobs && choice.logprobs.content) entries.push(...choice.logprobs.content);
       if (event.usage) usage = event.usage;
       if (event.specdec_tokens) {
