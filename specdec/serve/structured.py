@@ -281,9 +281,9 @@ def scan_calls(text: str) -> list[tuple[str, str]]:
         start = head.end()
         end = _object_end(text, start)
         calls.append((json.loads(f'"{head.group(1)}"'), text[start:end]))
-        if end >= len(text) or text[end - 1] != "}":
+        if end >= len(text) or text[end] != "}":  # the arguments or the call itself not closed yet
             return calls
-        position = CALL_GAP.match(text, end + 1).end() if text[end:end + 1] == "}" else len(text)
+        position = CALL_GAP.match(text, end + 1).end()
 
 
 def _object_end(text: str, start: int) -> int:
