@@ -62,6 +62,17 @@ def test_prompt_lookup_wins_over_a_cursor_placed_by_one_token_when_it_matches_lo
     assert drafter.propose(context, 2).tokens == [16, 17]
 
 
+def test_prediction_tokens_count_every_prediction_situation_and_no_other():
+    from specdec.runtime.stats import GenerationStats
+    stats = GenerationStats(by_situation={
+        PREDICTION: {"iterations": 3, "drafted": 20, "accepted": 15, "acceptance_tests": 16},
+        PREDICTION_1_TOKEN: {"iterations": 2, "drafted": 4, "accepted": 1, "acceptance_tests": 2},
+        SEEN_ONCE: {"iterations": 1, "drafted": 5, "accepted": 5, "acceptance_tests": 5},
+        "predictionless": {"iterations": 1, "drafted": 3, "accepted": 0, "acceptance_tests": 1}})
+    assert stats.prediction_tokens() == (16, 8)
+    assert GenerationStats().prediction_tokens() == (0, 0)
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_artifacts):
     return Engine.load(tiny_artifacts["llama"], provider="cpu", threads=1)
