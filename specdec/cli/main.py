@@ -12,7 +12,7 @@ from specdec.console import elapsed_progress, one_line_errors, unwinds_on_sigter
 from specdec.models.manifest import FLOAT_DTYPES, TRACE_DEVICES, WEIGHT_DTYPES
 from specdec.cli.options import (json_option, max_new_tokens_option, parse_draft_tokens, provider_option,
                                  threads_option)
-from specdec.runtime.config import DRAFTER_CHOICES, MAX_DRAFT_TOKENS, GenerationConfig
+from specdec.runtime.config import AUTO_K_CAP, AUTO_K_CAP_PREDICTION, DRAFTER_CHOICES, MAX_DRAFT_TOKENS, GenerationConfig
 
 DEFAULTS = GenerationConfig()  # flag defaults are the library's
 
@@ -272,8 +272,10 @@ def _logprob_entries(engine, iteration) -> list[dict]:
                "auto: what `specdec tune` stored, else the artifact's draft model if it has one, else prompt lookup "
                "(n-gram). ngram+model: prompt lookup where the context repeats an n-gram, the draft model elsewhere.")
 @click.option("--no-draft", is_flag=True, help="Plain target-only decoding (same as --drafter none).")
-@config_option("max_draft_tokens_auto", int,
-               f"Cap on K under '-k auto' (1..{MAX_DRAFT_TOKENS}; auto times target calls up to cap + 1 tokens once).")
+@click.option("--max-draft-tokens-auto", type=int, default=None,
+              help=f"Cap on K under '-k auto' (1..{MAX_DRAFT_TOKENS}; auto times target calls up to cap + 1 tokens "
+                   f"once). Default: {AUTO_K_CAP}, or {AUTO_K_CAP_PREDICTION} with --prediction, whose copy runs are "
+                   f"longer.")
 @click.option("--ngram-min", type=int, default=None,
               help="n-gram drafter: shortest context suffix to look up (1 also drafts after single-token matches; "
                    "default: 1 under '-k auto', which learns whether they pay, else 2).")
@@ -363,7 +365,7 @@ def generate(artifact, prompt, num_draft_tokens, drafter, no_draft, provider, th
 @click.option("--drafter", type=click.Choice([c for c in DRAFTER_CHOICES if c != "none"]), default="auto",
               show_default=True,
               help="Drafter to tune; auto: the draft model if the artifact has one, else n-gram.")
-@click.option("--max-k", type=click.IntRange(1, MAX_DRAFT_TOKENS), default=DEFAULTS.max_draft_tokens_auto,
+@click.option("--max-k", type=click.IntRange(1, MAX_DRAFT_TOKENS), default=AUTO_K_CAP,
               show_default=True,
               help="Largest K to measure; also auto's cap while it is measured.")
 @max_new_tokens_option(64, "Tokens generated per prompt and run.", lowest=2, highest=4096)

@@ -45,7 +45,7 @@ from specdec.runtime.batch_calls import CALIBRATION_PAST, TargetCalls
 from specdec.runtime.batch_drafting import DraftRounds
 from specdec.runtime.batch_request import END, BatchRequest
 from specdec.runtime.batch_step import DRAFT_MARGIN, BatchStep
-from specdec.runtime.config import GenerationConfig
+from specdec.runtime.config import AUTO_K_CAP, GenerationConfig
 from specdec.runtime.engine import Engine, GenerationStream
 from specdec.runtime.guess_rows import MAX_REPLY_REUSE_SHARE
 from specdec.runtime.loop import Iteration
@@ -222,7 +222,7 @@ class BatchEngine(SlotAdmission, BatchStep):
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise GenerationError when a request of this size may outgrow a KV slot (its drafts included)."""
-        needed = prompt_tokens + max_new_tokens + GenerationConfig.max_draft_tokens_auto + 1
+        needed = prompt_tokens + max_new_tokens + AUTO_K_CAP + 1
         if min(needed, self.engine.max_positions) > self.arena.parked_position:
             raise GenerationError(f"{prompt_tokens} prompt tokens + max_tokens {max_new_tokens} do not fit a KV slot "
                                   f"of {self.arena.capacity} positions (kv_capacity; specdec serve --kv-capacity)")

@@ -16,6 +16,8 @@ PROVIDER_CHOICES = ("auto", "cuda", "cpu")  # auto: CUDA when onnxruntime-gpu ca
 DEFAULT_DRAFT_TOKENS = 4  # when neither the caller nor the artifact (`specdec tune`) says
 MAX_DRAFT_TOKENS = 32  # the largest K a request may ask for (loop.MAX_DRAFT_ROOM leaves room for it)
 NGRAM_MIN_FIXED_K, NGRAM_MIN_AUTO = 2, 1  # GenerationConfig.ngram_min says why
+# K caps under "auto" when the request sets none (GenerationConfig.max_draft_tokens_auto says why).
+AUTO_K_CAP, AUTO_K_CAP_PREDICTION = 16, MAX_DRAFT_TOKENS
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,9 @@ class GenerationConfig:
     seed: int = 0
     num_draft_tokens: int | str | None = None  # K, "auto", or None: the artifact's default
     drafter: str = "auto"  # auto: the draft model if the artifact has one, else n-gram
-    # Cap on K under "auto": copy runs in grounded prompts outlast 8 drafts (docs/DESIGN.md, "Defaults").
-    max_draft_tokens_auto: int = 16
+    # Cap on K under "auto"; None: 16 (copy runs in grounded prompts outlast 8 drafts), 32 with a prediction,
+    # whose copy runs outlast 16 (docs/DESIGN.md, "Defaults").
+    max_draft_tokens_auto: int | None = None
     # n-gram drafter: shortest suffix to match; None: 2 under a fixed K (1-token matches mostly
     # miss), 1 under "auto", which learns whether they pay (docs/DESIGN.md, "Defaults").
     ngram_min: int | None = None
@@ -72,8 +75,8 @@ class GenerationConfig:
 
     def validate(self) -> None:
         """Raise GenerationError for a wrong-typed or out-of-range setting."""
-        integers = ("max_new_tokens", "seed", "max_draft_tokens_auto", "ngram_max") + (
-            ("ngram_min",) if self.ngram_min is not None else ())
+        integers = ("max_new_tokens", "seed", "ngram_max") + tuple(
+            name for name in ("ngram_min", "max_draft_tokens_auto") if getattr(self, name) is not None)
         for name in integers:  # a str or float here would fail later with a TypeError, or be truncated
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool):
@@ -111,13 +114,21 @@ class GenerationConfig:
         if k is not None and k != "auto" and (not isinstance(k, int) or isinstance(k, bool)
                                               or not 1 <= k <= MAX_DRAFT_TOKENS):
             raise GenerationError(f"num_draft_tokens must be an integer in 1..{MAX_DRAFT_TOKENS} or 'auto', got {k!r}")
-        if not 1 <= self.max_draft_tokens_auto <= MAX_DRAFT_TOKENS:
+        if self.max_draft_tokens_auto is not None and not 1 <= self.max_draft_tokens_auto <= MAX_DRAFT_TOKENS:
             raise GenerationError(f"max_draft_tokens_auto must be in 1..{MAX_DRAFT_TOKENS}, "
                                   f"got {self.max_draft_tokens_auto}")
         if self.drafter not in DRAFTER_CHOICES:
             raise GenerationError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got '{self.drafter}'")
         if self.ngram_max < 1 or (self.ngram_min is not None and not 1 <= self.ngram_min <= self.ngram_max):
             raise GenerationError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+    @property
+    def auto_k_cap(self) -> int:
+        """Return the cap on K under "auto": max_draft_tokens_auto, else AUTO_K_CAP (AUTO_K_CAP_PREDICTION with a
+        prediction)."""
+        if self.max_draft_tokens_auto is not None:
+            return self.max_draft_tokens_auto
+        return AUTO_K_CAP_PREDICTION if self.prediction else AUTO_K_CAP
 
     def ngram_min_for(self, adaptive: bool) -> int:
         """Return the n-gram drafter's shortest suffix: ngram_min if set, else 1 under "auto" (adaptive) and 2

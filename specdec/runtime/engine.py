@@ -13,7 +13,7 @@ import numpy as np
 from specdec.models.errors import ArtifactError, GenerationError
 from specdec.models.manifest import Manifest, load_manifest
 from specdec.runtime.calibration import calibrate
-from specdec.runtime.config import DEFAULT_DRAFT_TOKENS, GenerationConfig, check_token_ids
+from specdec.runtime.config import AUTO_K_CAP, DEFAULT_DRAFT_TOKENS, GenerationConfig, check_token_ids
 from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.combined import CombinedDrafter
 from specdec.runtime.draft_length import AdaptiveDraftLength, FixedDraftLength
@@ -247,11 +247,11 @@ class Engine:
         if k == "auto":
             # A combined drafter serves situations at different costs (specdec/runtime/combined.py): one c each.
             combined = self.drafter_kind(config.drafter).startswith("ngram+")
-            return AdaptiveDraftLength(max_k=config.max_draft_tokens_auto, call_costs=self.target_call_costs,
+            return AdaptiveDraftLength(max_k=config.auto_k_cap, call_costs=self.target_call_costs,
                                        cost_per_situation=combined), "auto"
         return FixedDraftLength(int(k)), str(k)
 
-    def time_call_costs(self, max_draft_tokens: int = GenerationConfig.max_draft_tokens_auto) -> str | None:
+    def time_call_costs(self, max_draft_tokens: int = AUTO_K_CAP) -> str | None:
         """Get `-k auto`'s t(n) table ready now, so that no request waits for it: timed (seconds, once per
         machine), read from this machine's cache, or the artifact's own (`specdec tune`).
 
@@ -283,7 +283,7 @@ class Engine:
         sampling = config.sampling_after(len(ids))  # the draft processes its q rows exactly as the target its p
         drafter = self._drafter(config, rng, len(ids), isinstance(policy, AdaptiveDraftLength), sampling)
         if drafter is not None and isinstance(policy, AdaptiveDraftLength):
-            self._calibrate_call_costs(ids, config.max_draft_tokens_auto + 1)  # before the request's clock starts
+            self._calibrate_call_costs(ids, config.auto_k_cap + 1)  # before the request's clock starts
         stats = GenerationStats(drafter=drafter.name if drafter else "none",
                                 num_draft_tokens=k_label if drafter else "0", prompt_tokens=len(ids))
         request = DecodeRequest(ids, config.max_new_tokens, sampling,

@@ -98,6 +98,16 @@ def test_greedy_output_is_the_same_with_any_prediction_and_counts_follow_openai(
     assert edited_result.stats.prediction_tokens()[0] > 20  # ...and drafting went on after it
 
 
+def test_auto_caps_k_at_32_for_a_prediction_and_16_otherwise_unless_the_request_sets_a_cap(engine):
+    ids = engine.prompt_ids("one two three")
+
+    def cap(**fields):
+        return engine.open_request(ids, GenerationConfig(num_draft_tokens="auto", **fields)).state.policy.max_k
+
+    assert cap() == 16 and cap(prediction="one two") == 32
+    assert cap(prediction="one two", max_draft_tokens_auto=8) == 8 and cap(max_draft_tokens_auto=20) == 20
+
+
 def test_seeded_sampling_with_a_prediction_reproduces(engine):
     ids = engine.prompt_ids("one two three")
     prediction = engine.codec.decode(engine.generate(ids, GenerationConfig(max_new_tokens=30, drafter="none")).token_ids)
