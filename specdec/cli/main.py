@@ -12,7 +12,8 @@ from specdec.console import elapsed_progress, one_line_errors, unwinds_on_sigter
 from specdec.models.manifest import FLOAT_DTYPES, TRACE_DEVICES, WEIGHT_DTYPES
 from specdec.cli.options import (json_option, max_new_tokens_option, parse_draft_tokens, provider_option,
                                  threads_option)
-from specdec.runtime.config import AUTO_K_CAP, AUTO_K_CAP_PREDICTION, DRAFTER_CHOICES, MAX_DRAFT_TOKENS, GenerationConfig
+from specdec.runtime.config import (AUTO_K_CAP, AUTO_K_CAP_PREDICTION, DRAFTER_CHOICES, MAX_DRAFT_TOKENS,
+                                    GenerationConfig)
 
 DEFAULTS = GenerationConfig()  # flag defaults are the library's
 
