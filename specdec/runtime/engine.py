@@ -220,10 +220,10 @@ class Engine:
         sampling = sampling or config.sampling_after(prompt_length)
         kind = self.drafter_kind(config.drafter)
         if config.prediction and kind != "none":
-            # The prediction drafts where it has tokens to offer; prompt lookup where it has none.
+            # The prediction drafts where it has tokens to offer; prompt lookup (and phrases) where it has none.
             predicted = (self.codec.encode(config.prediction, add_special_tokens=False)
                          if isinstance(config.prediction, str) else list(config.prediction))
-            return PredictionDrafter(predicted, NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max))
+            return PredictionDrafter(predicted, self._lookup(config, adaptive))
         if kind == "none":
             return None
         if kind in ("eagle", "ngram+eagle") and self.eagle is not None:
@@ -237,6 +237,11 @@ class Engine:
             if kind == "model":
                 return model
             return CombinedDrafter(NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max), model)
+        return self._lookup(config, adaptive)
+
+    def _lookup(self, config: GenerationConfig, adaptive: bool) -> NgramDrafter:
+        """Return a request's prompt-lookup drafter, with the artifact's phrase table where it has one and the
+        request allows it."""
         return NgramDrafter(config.ngram_min_for(adaptive), config.ngram_max,
                             phrases=self.phrases if config.phrases else None)
 

@@ -108,6 +108,19 @@ def test_auto_caps_k_at_32_for_a_prediction_and_16_otherwise_unless_the_request_
     assert cap(prediction="one two", max_draft_tokens_auto=8) == 8 and cap(max_draft_tokens_auto=20) == 20
 
 
+def test_a_predictions_lookup_fallback_takes_the_phrase_table_as_plain_lookup_does(engine, monkeypatch):
+    from specdec.runtime.phrases import PhraseTable, PhraseTableConfig
+    table = PhraseTable.count([[10, 11, 12, 13]] * 2, PhraseTableConfig(max_n=2))
+    monkeypatch.setattr(engine, "phrases", table)
+    ids = engine.prompt_ids("one two three")
+
+    def fallback_phrases(**fields):
+        drafter = engine.open_request(ids, GenerationConfig(num_draft_tokens="auto", prediction="one", **fields))
+        return drafter.state.drafter.fallback.phrases
+
+    assert fallback_phrases() is table and fallback_phrases(phrases=False) is None
+
+
 def test_seeded_sampling_with_a_prediction_reproduces(engine):
     ids = engine.prompt_ids("one two three")
     prediction = engine.codec.decode(engine.generate(ids, GenerationConfig(max_new_tokens=30, drafter="none")).token_ids)
