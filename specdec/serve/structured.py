@@ -256,9 +256,9 @@ def parse_calls(text: str, plan: ToolPlan) -> list[ToolCall] | None:
     return calls or None
 
 
-# A constrained call's text up to its arguments: `{"name": "NAME", "arguments": ` (the grammar fixes the key order).
-CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
-CALL_GAP = re.compile(r"\s*,?\s*")  # between two calls of a list
+# A constrained call's text up to its arguments, after the comma that separates it from the call before in a list:
+# `{"name": "NAME", "arguments": ` (the grammar fixes the key order).
+CALL_HEAD = re.compile(r'\s*,?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:')
 
 
 def scan_calls(text: str) -> list[tuple[str, str]]:
@@ -270,38 +270,79 @@ def scan_calls(text: str) -> list[tuple[str, str]]:
     >>> scan_calls('[{"name": "f", "arguments": {"a": "}"}}, {"name": "g", "argu')
     [('f', '{"a": "}"}')]
     """
-    calls: list[tuple[str, str]] = []
-    position = len(text) - len(text.lstrip())
-    if text[position:position + 1] == "[":
-        position += 1
-    while True:
-        head = CALL_HEAD.match(text, position)
-        if head is None:
-            return calls
-        start = head.end()
-        end = _object_end(text, start)
-        calls.append((json.loads(f'"{head.group(1)}"'), text[start:end]))
-        if end >= len(text) or text[end] != "}":  # the arguments or the call itself not closed yet
-            return calls
-        position = CALL_GAP.match(text, end + 1).end()
+    scanner = CallScanner()
+    scanner.feed(text)
+    return scanner.calls()
 
 
-def _object_end(text: str, start: int) -> int:
-    """Return the index just past the JSON object that starts at `start` (len(text) if it is not closed yet)."""
-    depth, in_string, escaped = 0, False, False
-    for index in range(start, len(text)):
-        char = text[index]
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
-        elif char == '"':
-            in_string = True
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-            if depth == 0:
-                return index + 1
-    return len(text)
+@dataclass
+class CallScanner:
+    """Reads a constrained tool-call answer as it grows, each character once (an answer's arguments may be long)."""
+
+    names: list[str] = field(default_factory=list)  # of the calls begun
+    spans: list[tuple[int, int]] = field(default_factory=list)  # each call's arguments: [start, end) so far
+    text: str = ""
+    _position: int = -1  # where reading goes on (-1: before the answer's first character)
+    _reading: bool = False  # inside a call's arguments
+    _closing: bool = False  # past a call's arguments, before its own closing brace
+    _depth: int = 0
+    _in_string: bool = False
+    _escaped: bool = False
+
+    def feed(self, text: str) -> None:
+        """Read `text`, the answer so far (what was fed before, and more)."""
+        self.text = text
+        if self._position < 0:
+            stripped = len(text) - len(text.lstrip())
+            if stripped == len(text):
+                return
+            self._position = stripped + (text[stripped] == "[")
+        while self._position < len(text):
+            if self._reading:
+                self._read_arguments()
+                self._closing = not self._reading
+                continue
+            if self._closing:
+                if text[self._position].isspace():
+                    self._position += 1
+                elif text[self._position] == "}":
+                    self._position, self._closing = self._position + 1, False
+                else:
+                    return
+                continue
+            head = CALL_HEAD.match(text, self._position)
+            if head is None:
+                return
+            first = head.end() + len(text[head.end():]) - len(text[head.end():].lstrip())
+            if first >= len(text):  # the arguments' opening brace has not come yet
+                return
+            self.names.append(json.loads(f'"{head.group(1)}"'))
+            self.spans.append((first, first))
+            self._position, self._reading = first, True
+
+    def _read_arguments(self) -> None:
+        """Follow the current call's arguments to the text's end or their closing brace."""
+        text, index = self.text, self._position
+        while index < len(text):
+            char = text[index]
+            index += 1
+            if self._in_string:
+                self._escaped, self._in_string = (False, True) if self._escaped else (char == "\\", char != '"')
+            elif char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self._reading = False
+                    break
+        self.spans[-1] = (self.spans[-1][0], index)
+        self._position = index
+
+    def calls(self) -> list[tuple[str, str]]:
+        """Return (name, arguments text so far) of each call begun."""
+        return [(name, self.text[start:end]) for name, (start, end) in zip(self.names, self.spans)]
 
 
 @dataclass
@@ -309,21 +350,23 @@ class CallStream:
     """Turns a constrained tool-call answer's growing text into OpenAI's streamed `delta.tool_calls`: a call's
     first delta carries its index, id, type and name (arguments ""), the next ones its arguments' new text."""
 
+    scanner: CallScanner = field(default_factory=CallScanner)
     ids: list[str] = field(default_factory=list)  # of the calls announced so far
     sent: list[int] = field(default_factory=list)  # argument characters sent per call
 
     def deltas(self, text: str) -> list[dict[str, Any]]:
         """Return the deltas that bring a client from what was sent to `text` (the answer so far)."""
+        self.scanner.feed(text)
         out = []
-        for index, (name, arguments) in enumerate(scan_calls(text)):
+        for index, (name, (start, end)) in enumerate(zip(self.scanner.names, self.scanner.spans)):
             if index == len(self.ids):
                 self.ids.append(f"call_{uuid.uuid4().hex[:24]}")
                 self.sent.append(0)
                 out.append({"index": index, "id": self.ids[index], "type": "function",
                             "function": {"name": name, "arguments": ""}})
-            if len(arguments) > self.sent[index]:
-                out.append({"index": index, "function": {"arguments": arguments[self.sent[index]:]}})
-                self.sent[index] = len(arguments)
+            if end - start > self.sent[index]:
+                out.append({"index": index, "function": {"arguments": text[start + self.sent[index]:end]}})
+                self.sent[index] = end - start
         return out
 
     @property

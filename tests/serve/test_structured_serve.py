@@ -106,6 +106,8 @@ def test_call_stream_announces_each_call_then_streams_its_arguments_text():
     assert [json.loads(a) for a in arguments] == [{"city": 'P"a}', "unit": "C"}, {}]
     assert stream.deltas(text) == []  # nothing new: nothing sent twice
     assert structured.scan_calls('{"name": "get_weather", "argum') == []  # no call before its name and key are whole
+    spaced = ' [ {"name": "f", "arguments": { "a" : [1] } } ,\n {"name" : "g","arguments":{}} ]'
+    assert structured.scan_calls(spaced) == [("f", '{ "a" : [1] }'), ("g", "{}")]
 
 
 def test_a_required_call_streams_its_name_first_then_its_arguments_in_pieces(server):
