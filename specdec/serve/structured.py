@@ -258,7 +258,7 @@ def parse_calls(text: str, plan: ToolPlan) -> list[ToolCall] | None:
 
 # A constrained call's text up to its arguments, after the comma that separates it from the call before in a list:
 # `{"name": "NAME", "arguments": ` (the grammar fixes the key order).
-CALL_HEAD = re.compile(r'\s*,?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:')
+CALL_HEAD = re.compile(r'\s*,?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
 
 def scan_calls(text: str) -> list[tuple[str, str]]:
@@ -313,7 +313,7 @@ class CallScanner:
             head = CALL_HEAD.match(text, self._position)
             if head is None:
                 return
-            first = head.end() + len(text[head.end():]) - len(text[head.end():].lstrip())
+            first = head.end()
             if first >= len(text):  # the arguments' opening brace has not come yet
                 return
             self.names.append(json.loads(f'"{head.group(1)}"'))
