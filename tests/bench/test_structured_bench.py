@@ -151,6 +151,29 @@ def test_the_shipped_set_has_sixteen_items_per_workload_that_load():
             assert request_fields(item, plain=True) == {}  # the anchors have no Predicted Outputs
 
 
+def _unbounded(schema: dict, where: str = "") -> list[str]:
+    """Return the paths of free strings without maxLength and arrays without maxItems in `schema`."""
+    found = []
+    if schema.get("type") == "string" and "enum" not in schema and "maxLength" not in schema:
+        found.append(where)
+    if schema.get("type") == "array":
+        found += ([where] if "maxItems" not in schema else []) + _unbounded(schema["items"], where + "[]")
+    for name, value in schema.get("properties", {}).items():
+        found += _unbounded(value, f"{where}.{name}")
+    return found
+
+
+def test_every_schema_of_the_set_bounds_its_strings_and_arrays():
+    # A small greedy model can loop inside a string or an array until max_tokens cuts the JSON; bounds let the
+    # grammar close it, as production extraction schemas do, so validity measures the grammar, not the loop.
+    for item in load_items(STRUCTURED_FILE):
+        schemas = [item.schema()] if item.workload == "extract" else [t["function"]["parameters"] for t in item.tools]
+        for schema in schemas:
+            assert _unbounded(schema or {}) == [], item.id
+    assert _unbounded({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}}}}) == [
+        ".a", ".a[]"]
+
+
 def test_a_bad_workload_line_is_named(tmp_path):
     data = tmp_path / "w.jsonl"
     data.write_text('{"id": "a", "workload": "edit", "instruction": "x", "original": "y"}\n{"id": "b"}\n')
