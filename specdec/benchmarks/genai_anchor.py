@@ -53,7 +53,9 @@ def configured_model(model_dir: Path, options: dict, folder: Path) -> Path:
 
 
 def save_hf(gguf: str, out: str) -> None:
-    """Write the GGUF model and tokenizer as an fp32 Hugging Face folder."""
+    """Write the GGUF model and tokenizer as an fp32 Hugging Face folder (tokenizer_config.json as
+    `hf_tokenizer_config` corrects it)."""
+    from gguf import GGUFReader
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(gguf)
@@ -61,6 +63,30 @@ def save_hf(gguf: str, out: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    fields = GGUFReader(path).fields
+    kind = fields["tokenizer.ggml.model"].contents() if "tokenizer.ggml.model" in fields else ""
+    add_bos = bool(fields["tokenizer.ggml.add_bos_token"].contents()) if "tokenizer.ggml.add_bos_token" in fields else None
+    config_path = Path(out) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config_path.write_text(json.dumps(hf_tokenizer_config(config, kind, add_bos), indent=2, ensure_ascii=False),
+                           encoding="utf-8")
+
+
+def hf_tokenizer_config(config: dict, gguf_tokenizer: str, add_bos: bool | None) -> dict:
+    """Return a saved tokenizer_config.json naming the class of the GGUF's tokenizer, with its BOS setting.
+
+    transformers' GGUF loader names every tokenizer LlamaTokenizer. A byte-level BPE one (GGUF
+    tokenizer model "gpt2": SmolLM2, Qwen) loaded under that name by transformers >= 5 (vLLM's venv)
+    is rebuilt SentencePiece-style: spaces vanish from encoded prompts and come back as "Ġ" in
+    decoded text, so vLLM served garbled prompts and answers. GPT2Tokenizer, as SmolLM2's own
+    repository names it, reads tokenizer.json's byte-level steps in transformers 4 and 5.
+    """
+    fixed = dict(config)
+    if gguf_tokenizer == "gpt2":
+        fixed["tokenizer_class"], fixed["add_prefix_space"] = "GPT2Tokenizer", False
+    if add_bos is not None:
+        fixed["add_bos_token"] = add_bos
+    return fixed
 
 
 def fix_tokenizer(model_dir: str) -> None:

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from specdec.benchmarks.anchors import AnchorRun
-from specdec.benchmarks.genai_anchor import configured_model, session_options
+from specdec.benchmarks.genai_anchor import configured_model, hf_tokenizer_config, session_options
 from specdec.benchmarks.report import _prompt_set_name, geometric_mean, target_vs_genai_rows, target_vs_genai_section
 from tools.goals import goals_section
 
@@ -144,3 +144,13 @@ def test_the_report_says_where_autos_table_came_from():
     assert "call-cost cache" in _auto_table_origin({"call_costs_source": "cache", "calibration_seconds": 0.0})
     assert "specdec tune" in _auto_table_origin({"call_costs_source": "tune"})
     assert _auto_table_origin({"call_costs_source": None, "calibration_seconds": 0.0}) == ""
+
+
+def test_the_hf_folder_names_a_byte_level_tokenizer_as_one_and_keeps_the_ggufs_bos_setting():
+    saved = {"tokenizer_class": "LlamaTokenizer", "add_prefix_space": None, "add_bos_token": True, "bos_token": "<s>"}
+    fixed = hf_tokenizer_config(saved, "gpt2", add_bos=False)
+    assert fixed == {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "add_bos_token": False,
+                     "bos_token": "<s>"}
+    assert saved["tokenizer_class"] == "LlamaTokenizer"  # the saved dict is left as it was
+    # A SentencePiece GGUF ("llama") keeps its class; no BOS field in the GGUF keeps the saved setting.
+    assert hf_tokenizer_config(saved, "llama", add_bos=None) == saved
