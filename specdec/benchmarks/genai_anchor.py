@@ -65,7 +65,8 @@ def save_hf(gguf: str, out: str) -> None:
     tokenizer.save_pretrained(out)
     fields = GGUFReader(path).fields
     kind = fields["tokenizer.ggml.model"].contents() if "tokenizer.ggml.model" in fields else ""
-    add_bos = bool(fields["tokenizer.ggml.add_bos_token"].contents()) if "tokenizer.ggml.add_bos_token" in fields else None
+    bos = fields.get("tokenizer.ggml.add_bos_token")
+    add_bos = bool(bos.contents()) if bos is not None else None
     config_path = Path(out) / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config_path.write_text(json.dumps(hf_tokenizer_config(config, kind, add_bos), indent=2, ensure_ascii=False),

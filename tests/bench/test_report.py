@@ -147,7 +147,8 @@ def test_the_report_says_where_autos_table_came_from():
 
 
 def test_the_hf_folder_names_a_byte_level_tokenizer_as_one_and_keeps_the_ggufs_bos_setting():
-    saved = {"tokenizer_class": "LlamaTokenizer", "add_prefix_space": None, "add_bos_token": True, "bos_token": "<s>"}
+    saved = {"tokenizer_class": "LlamaTokenizer", "add_prefix_space": None, "add_bos_token": True,
+             "bos_token": "<s>"}
     fixed = hf_tokenizer_config(saved, "gpt2", add_bos=False)
     assert fixed == {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "add_bos_token": False,
                      "bos_token": "<s>"}
