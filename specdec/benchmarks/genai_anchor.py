@@ -64,9 +64,9 @@ def save_hf(gguf: str, out: str) -> None:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     fields = GGUFReader(path).fields
-    kind = fields["tokenizer.ggml.model"].contents() if "tokenizer.ggml.model" in fields else ""
-    bos = fields.get("tokenizer.ggml.add_bos_token")
-    add_bos = bool(bos.contents()) if bos is not None else None
+    model_field, bos_field = fields.get("tokenizer.ggml.model"), fields.get("tokenizer.ggml.add_bos_token")
+    kind = model_field.contents() if model_field is not None else ""
+    add_bos = bool(bos_field.contents()) if bos_field is not None else None
     config_path = Path(out) / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config_path.write_text(json.dumps(hf_tokenizer_config(config, kind, add_bos), indent=2, ensure_ascii=False),
