@@ -61,7 +61,8 @@ from specdec.benchmarks.serve_load_report import DRAFTER_LABELS, Cell, markdown,
 from specdec.benchmarks.serve_load_scenario_report import ScenarioCell, scenario_markdown, summarize_scenario
 from specdec.benchmarks.serve_load_scenarios import ScenarioPlan, run_scenario, scenario_text
 from specdec.benchmarks.serve_load_server import ServerProcess
-from specdec.benchmarks.serve_load_stats import ARRIVALS, GoodputTargets, arrival_times, round_sizes, rounds
+from specdec.benchmarks.serve_load_stats import (ARRIVALS, GoodputTargets, arrival_times, round_sizes, round_start,
+                                                 rounds)
 from specdec.data import HELDOUT_PROMPTS_FILE
 from specdec.models.errors import SpecdecError
 from specdec.runtime.prompts import load_prompts
@@ -387,10 +388,9 @@ def _play_round(cell: Cell, url: str, plain: bool, process: ServerProcess | None
         cell.send_times.append([r.sent for r in records if r.sent is not None])
         cell.not_sent += unsent
     else:
-        # rounds start at different prompts, so each round's first requests are not always the same ones
-        records, seconds = asyncio.run(run_round(url, plan.model, plan.cases, cell.drafter, int(load),
-                                                 sizes[repeat], repeat * int(load), plan.max_tokens,
-                                                 plan.num_draft_tokens, plain))
+        start = round_start(sizes, repeat, int(load), len(plan.cases))
+        records, seconds = asyncio.run(run_round(url, plan.model, plan.cases, cell.drafter, int(load), sizes[repeat],
+                                                 start, plan.max_tokens, plan.num_draft_tokens, plain))
         unsent = 0
     cell.records += records
     cell.seconds += seconds

@@ -160,3 +160,12 @@ def round_sizes(requests: int, repeats: int, clients: int, min_waves: int = 0) -
     `min_waves` x `clients` a round."""
     return [max(requests // repeats + (1 if r < requests % repeats else 0), min_waves * clients)
             for r in range(repeats)]
+
+
+def round_start(sizes: list[int], repeat: int, clients: int, cases: int) -> int:
+    """Return the index (mod `cases`) of round `repeat`'s first case: just after the cases the earlier rounds
+    sent, so that a cell sends every case once before any twice; where those rounds ended on a whole pass
+    over the cases, `clients` further per round, so that no two rounds' first requests are the same ones.
+    Example (16 cases): rounds of 8 at 1 client start at 0, 8; rounds of 16 at 4 clients at 0, 20, 40."""
+    start = sum(sizes[:repeat])
+    return start if start % cases else start + repeat * clients

@@ -32,7 +32,8 @@ from typing import Sequence
 
 import click
 
-from specdec.benchmarks.serve_load import (ServerProcess, _csv, _loadavg, check_loopback, round_sizes, rounds)
+from specdec.benchmarks.serve_load import (ServerProcess, _csv, _loadavg, check_loopback, round_sizes, round_start,
+                                           rounds)
 from specdec.benchmarks.serve_load_client import run_round
 from specdec.benchmarks.structured_report import (BASE_SERVER, StructuredCell, differing, edit_references, markdown,
                                                   plot, summarize_cell)
@@ -266,11 +267,10 @@ def _run(targets: dict[str, str], processes: dict[str, ServerProcess], plain: Se
                 continue
             process = processes.get(name)
             cpu_before = process.cpu_seconds() if process else None
-            size = round_sizes(requests, repeats, load, min_waves)[repeat]
-            # rounds start at different items, so each round's first requests are not always the same ones
-            records, seconds = asyncio.run(run_round(targets[name], model, cases, drafter, load, size,
-                                                     repeat * load, tokens, num_draft_tokens, name in plain,
-                                                     extras[name in plain]))
+            sizes = round_sizes(requests, repeats, load, min_waves)
+            records, seconds = asyncio.run(run_round(targets[name], model, cases, drafter, load, sizes[repeat],
+                                                     round_start(sizes, repeat, load, len(cases)), tokens,
+                                                     num_draft_tokens, name in plain, extras[name in plain]))
             cell.records += records
             cell.seconds += seconds
             cell.round_tokens.append(sum(r.tokens for r in records if r.ok))

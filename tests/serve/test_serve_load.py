@@ -35,6 +35,23 @@ def test_rounds_split_a_cells_requests_but_send_at_least_the_waves_asked_per_cli
     assert serve_load.round_sizes(32, 2, 4, min_waves=2) == [16, 16]
 
 
+def test_a_cells_rounds_send_every_case_before_any_twice_and_start_apart():
+    def cases_sent(requests, repeats, clients, cases):
+        sizes = serve_load.round_sizes(requests, repeats, clients)
+        starts = [serve_load.round_start(sizes, r, clients, cases) for r in range(repeats)]
+        return starts, [(start + i) % cases for start, size in zip(starts, sizes) for i in range(size)]
+
+    # 16 requests over 2 rounds of a 16-case set: each case once (not cases 0-7 and 1-8, as rounds offset by
+    # the clients sent, which left half the set out of the 1-client cell)
+    for clients in (1, 4, 8):
+        starts, sent = cases_sent(16, 2, clients, 16)
+        assert sorted(sent) == list(range(16)) and starts == [0, 8]
+    # Whole passes a round: each round still starts elsewhere, and the cell sends each case equally often
+    starts, sent = cases_sent(48, 3, 4, 16)
+    assert starts == [0, 20, 40] and all(sent.count(case) == 3 for case in range(16))
+    assert len(set(cases_sent(48, 3, 1, 16)[0])) == 3
+
+
 def test_summary_figures_by_hand():
     cell = Cell("s", "ngram", 2, seconds=4.0, records=[
         Record("a", ok=True, ttft=0.1, e2e=1.0, tokens=10, target_calls=5, drafted=12, accepted=6),
