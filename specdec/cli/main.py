@@ -265,7 +265,11 @@ def _logprob_entries(engine, iteration) -> list[dict]:
                    "masked like the target's rows, and the keys and braces the schema forces are drafted for free).")
 @click.option("--stop-token-id", "stop_token_ids", type=click.IntRange(min=0), multiple=True, metavar="ID",
               help="End the answer after this token, as after EOS (repeatable).")
-@config_option("seed", int, "Random seed: same seed, same output.")
+@config_option("seed", int, "Random seed: same seed and K, same output.")
+@click.option("--reproducible", is_flag=True,
+              help="Same seed, same output under '-k auto' too: K then follows the answer's own tokens (prompt "
+                   "lookup's over the calibrated call costs, frozen; a draft model's is the artifact's fixed K), "
+                   "not live call times.")
 @click.option("--num-draft-tokens", "-k", default=None, metavar="K|auto",
               help="Tokens drafted per target call, or 'auto' to choose each iteration "
                    "(default: the artifact's tuned K, else 4).")

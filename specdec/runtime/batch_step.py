@@ -215,8 +215,10 @@ class BatchStep:
 
 def _guessable(request: BatchRequest) -> bool:
     """Return whether a request may verify a guess this step: it drafts by prompt lookup (a guess is one more
-    lookup; a draft model or head keeps its own state), its reply is reusable so far (SlotCache.exact) and a
-    token is left before max_new_tokens and the position limit."""
+    lookup; a draft model or head keeps its own state), its reply is reusable so far (SlotCache.exact), a
+    token is left before max_new_tokens and the position limit, and it is not reproducible (a guess it was not
+    given alone would draw its random numbers otherwise)."""
     state = request.state
-    return (state.drafting and not request.hidden and state.drafter.drafts_by_lookup(request.row.situation)
+    return (state.drafting and not request.hidden and not request.opened.config.reproducible
+            and state.drafter.drafts_by_lookup(request.row.situation)
             and request.cache.exact == request.cache.length and draft_room(state) >= 1)

@@ -44,8 +44,12 @@ class GenerationConfig:
     grammar: GrammarSpec | None = None
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the generation like EOS (kept in the output)
     # Seeds this request's numpy Generator: same seed and K, same output. Under
-    # num_draft_tokens="auto" K follows measured timings, so sampled output can vary.
+    # num_draft_tokens="auto" K follows measured timings, so sampled output can vary, unless `reproducible`.
     seed: int = 0
+    # Same seed, same sampled output at any load and timing (a seed the client chose): each step's K then
+    # depends on the request's own tokens only. Under "auto", prompt lookup's K follows the calibrated call
+    # costs, not live timings, and a drafting model's is the artifact's fixed K; the batch plan keeps it.
+    reproducible: bool = False
     num_draft_tokens: int | str | None = None  # K, "auto", or None: the artifact's default
     drafter: str = "auto"  # auto: the draft model if the artifact has one, else n-gram
     # Cap on K under "auto"; None: 16 (copy runs in grounded prompts outlast 8 drafts), 32 with a prediction,
@@ -83,7 +87,7 @@ class GenerationConfig:
                 raise GenerationError(f"{name} must be an integer, got {value!r}")
         if self.seed < 0:
             raise GenerationError(f"seed must be >= 0, got {self.seed}")
-        for name in ("chat", "phrases"):
+        for name in ("chat", "phrases", "reproducible"):
             if not isinstance(getattr(self, name), bool):
                 raise GenerationError(f"{name} must be True or False, got {getattr(self, name)!r}")
         # A bare string would be read as one stop string per character.

@@ -71,6 +71,9 @@ class AdaptiveDraftLength:
     # drafter that serves situations differently (specdec/runtime/combined.py: prompt lookup costs ~0,
     # a model draft ~c), one shared c would misprice every situation.
     cost_per_situation: bool = False
+    # False: K depends on the accepted tokens only, never on timings (GenerationConfig.reproducible): the call
+    # costs stay as given and c at `cost_ratio`.
+    learns_timings: bool = True
     _estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
     _seen_drafts: bool = False  # the first drafted iteration also carries the draft's prefill
 
@@ -119,6 +122,8 @@ class AdaptiveDraftLength:
     def observe(self, iteration: "Iteration") -> None:
         """Update the estimates from one iteration: its situation's alpha, c, and the target call's cost."""
         target_tokens, target_seconds = len(iteration.drafted) + 1, iteration.target_seconds
+        if not self.learns_timings:
+            target_seconds = 0.0  # every update below that reads a time is skipped
         cost_ratio = None
         if target_seconds > 0:
             self.call_costs.observe(target_tokens, target_seconds)

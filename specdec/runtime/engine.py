@@ -256,6 +256,19 @@ class Engine:
                                        cost_per_situation=combined), "auto"
         return FixedDraftLength(int(k)), str(k)
 
+    def _timing_free(self, policy: AdaptiveDraftLength, drafter) -> tuple[FixedDraftLength | AdaptiveDraftLength, str]:
+        """Return `policy` made to choose K from the request's own tokens only (GenerationConfig.reproducible):
+        prompt lookup's over the calibrated call costs, frozen; a drafting model's (whose c is a timing) the
+        artifact's fixed K."""
+        if drafter.draft_model is None and drafter.draft_head is None:
+            costs = self.target_call_costs
+            policy.call_costs = TargetCallCosts(prior=dict(costs.prior), prior_verify_cost=costs.prior_verify_cost)
+            policy.learns_timings = False
+            return policy, "auto"
+        k = self.manifest.runtime_defaults.num_draft_tokens
+        k = k if isinstance(k, int) else DEFAULT_DRAFT_TOKENS
+        return FixedDraftLength(k), str(k)
+
     def time_call_costs(self, max_draft_tokens: int = AUTO_K_CAP) -> str | None:
         """Get `-k auto`'s t(n) table ready now, so that no request waits for it: timed (seconds, once per
         machine), read from this machine's cache, or the artifact's own (`specdec tune`).
@@ -289,6 +302,8 @@ class Engine:
         drafter = self._drafter(config, rng, len(ids), isinstance(policy, AdaptiveDraftLength), sampling)
         if drafter is not None and isinstance(policy, AdaptiveDraftLength):
             self._calibrate_call_costs(ids, config.auto_k_cap + 1)  # before the request's clock starts
+            if config.reproducible:
+                policy, k_label = self._timing_free(policy, drafter)
         stats = GenerationStats(drafter=drafter.name if drafter else "none",
                                 num_draft_tokens=k_label if drafter else "0", prompt_tokens=len(ids))
         request = DecodeRequest(ids, config.max_new_tokens, sampling,

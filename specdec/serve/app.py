@@ -369,6 +369,7 @@ def _generation_config(state: ServerState, body: Any, ids: list[int], param: str
         top_k=max(body.top_k or 0, 0),
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=secrets.randbits(31) if body.seed is None else body.seed,
+        reproducible=body.seed is not None,  # OpenAI's seed: the same answer again, whatever the load
         num_draft_tokens=config.num_draft_tokens if body.num_draft_tokens is None else body.num_draft_tokens,
         drafter=body.drafter or config.drafter,
         stop_strings=stops,

@@ -1,6 +1,7 @@
 """The batch engine: every request's output is its own under any load (greedy token for token, sampled in
 distribution and seed for seed), its slots are reused, and an old artifact is refused in one line."""
 
+import dataclasses
 import shutil
 import threading
 from collections import Counter
@@ -15,6 +16,8 @@ from specdec.runtime.batch import BatchEngine
 from specdec.runtime.batch_chunks import PREFILL_CHUNK
 from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, DraftRecord, ShadowDraft,
                                         choose_draft_lengths_ragged, choose_speculating, drafts_cannot_pay)
+from specdec.runtime.call_costs import TargetCallCosts
+from specdec.runtime.config import DEFAULT_DRAFT_TOKENS
 from specdec.runtime.drafters import Proposal
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.guess_rows import GUESS
@@ -111,6 +114,33 @@ def test_seeded_sampled_requests_reproduce_under_load(engine, max_batch):
         assert batch.ragged_calls > 0 and batch.draft_ragged_calls > 0  # verify rows and draft calls both shared
     else:
         assert batch.draft_ragged_calls == 0 and batch.draft_arena is not None
+
+
+def test_a_reproducible_request_under_auto_k_keeps_its_text_whatever_the_timings_and_the_load(engine, monkeypatch):
+    """OpenAI's seed under `-k auto`: K follows the request's own tokens (lookup's over the calibrated costs, a
+    draft model's the artifact's fixed K), so live call times and the batch plan leave its text alone. The same
+    requests without `reproducible` change their K under the skewed times: the test can tell."""
+    prompts = ["the the the the", "red green blue red green", "one, two, three, one, two,", "a b a b a b"] * 2
+    configs = [GenerationConfig(max_new_tokens=24, seed=s, temperature=1.1, top_k=8, num_draft_tokens="auto",
+                                drafter=("ngram" if s % 4 else "model"), ngram_min=1, reproducible=True)
+               for s in range(len(prompts))]
+    loose = [dataclasses.replace(c, reproducible=False) for c in configs]
+    engine.time_call_costs()
+    alone = [engine.generate(p, c) for p, c in zip(prompts, configs)]
+    loose_alone = [engine.generate(p, c).stats.draft_lengths for p, c in zip(prompts, loose)]
+    skewed = TargetCallCosts(prior=dict(engine.target_call_costs.prior))
+    for _ in range(8):  # live times where a long call costs what a short one does: lookup's K would grow
+        for n in range(1, 34):
+            skewed.observe(n, 0.01)
+    monkeypatch.setattr(engine, "target_call_costs", skewed)
+    assert [engine.generate(p, c).stats.draft_lengths for p, c in zip(prompts, loose)] != loose_alone
+    others = [GenerationConfig(max_new_tokens=24, drafter="ngram", num_draft_tokens="auto")] * 4
+    results, _ = _results_in_batch(engine, prompts + PROMPT_SET[:4], configs + others, max_batch=8,
+                                   kv_capacity=128)
+    assert [r.token_ids for r in results[:len(prompts)]] == [r.token_ids for r in alone]
+    assert [r.stats.draft_lengths for r in results[:len(prompts)]] == [r.stats.draft_lengths for r in alone]
+    assert all(r.stats.num_draft_tokens == ("auto" if s % 4 else str(DEFAULT_DRAFT_TOKENS))
+               for s, r in enumerate(alone)) and sum(r.stats.accepted for r in alone) > 0
 
 
 def test_sampled_distribution_under_batching_is_the_targets(engine):

@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from specdec.runtime.call_costs import TargetCallCosts
+from specdec.runtime.engine import GenerationConfig
 from tests.serve.conftest import MODEL, live_server
 
 openai = pytest.importorskip("openai")
@@ -196,3 +198,32 @@ def test_soak_1000_requests_with_flat_resident_memory(server):
           f"after {warmup} -> {at_end / 2**20:.0f} MB at {total} ({growth_mb:+.1f} MB)")
     assert growth_mb < 25, f"RSS grew {growth_mb:.1f} MB over {total - warmup} requests"
     assert server.metric("vllm:request_success_total", model_name=MODEL, finished_reason="length") >= total
+
+
+def test_a_seeded_answer_under_auto_k_is_the_same_alone_and_beside_seven_others(serve_engine, serve_artifact,
+                                                                                  monkeypatch):
+    """OpenAI's `seed` on the server's `-k auto` and the batch engine: the same text as the request alone and as
+    the library's reproducible request (K follows its own tokens, not the load: GenerationConfig.reproducible),
+    though the live call times say long verify calls are as cheap as short ones."""
+    serve_engine.time_call_costs()
+    skewed = TargetCallCosts(prior=dict(serve_engine.target_call_costs.prior))
+    for _ in range(8):
+        for n in range(1, 34):
+            skewed.observe(n, 0.01)
+    monkeypatch.setattr(serve_engine, "target_call_costs", skewed)
+    seeded = {"model": MODEL, "prompt": "the the the the red red red", "max_tokens": 24, "temperature": 1.1,
+              "top_k": 8, "seed": 5, "drafter": "ngram"}
+    with live_server(serve_engine, serve_artifact, max_batch=8, num_draft_tokens="auto", max_queue=16) as live:
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            alone = client.post("/v1/completions", json=seeded).json()["choices"][0]["text"]
+            with ThreadPoolExecutor(8) as pool:
+                others = [pool.submit(client.post, "/v1/completions",
+                                      json={"model": MODEL, "prompt": p, "max_tokens": 24, "temperature": 0,
+                                            "drafter": "ngram"}) for p in PROMPTS[:7]]
+                loaded = pool.submit(client.post, "/v1/completions", json=seeded)
+                assert all(o.result().status_code == 200 for o in others)
+                beside = loaded.result().json()["choices"][0]["text"]
+    library = serve_engine.generate("the the the the red red red", GenerationConfig(
+        max_new_tokens=24, temperature=1.1, top_k=8, seed=5, drafter="ngram", num_draft_tokens="auto",
+        reproducible=True)).text
+    assert alone == beside == library
