@@ -460,6 +460,8 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
     extra = {"specdec": _stats(result)} if want_stats else None
     calls = structured.parse_calls(text, tools) if tools is not None else None
     finish = "tool_calls" if calls else protocol.FINISH_REASONS.get(result.finish_reason, "stop")
+    if calls is None and tools is not None and tools.constrained:
+        calls = structured.begun_calls(text)  # cut by max_tokens: as far as they went, as the stream sends them
     return JSONResponse(protocol.completion_response(
         chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, text, finish, run.usage(result), extra,
         run.choice_logprobs(run.logprob_entries[:len(result.token_ids)], chat),

@@ -256,6 +256,13 @@ def parse_calls(text: str, plan: ToolPlan) -> list[ToolCall] | None:
     return calls or None
 
 
+def begun_calls(text: str) -> list[ToolCall] | None:
+    """Return the calls a constrained answer cut short (by max_tokens) has begun, each with its arguments text
+    as far as it went (None: not even a name): what a streamed reply has sent of them by its finish."""
+    calls = [ToolCall(name, arguments, f"call_{uuid.uuid4().hex[:24]}") for name, arguments in scan_calls(text)]
+    return calls or None
+
+
 # A constrained call's text up to its arguments, after the comma that separates it from the call before in a list:
 # `{"name": "NAME", "arguments": ` (the grammar fixes the key order).
 CALL_HEAD = re.compile(r'\s*,?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
