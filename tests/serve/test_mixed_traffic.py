@@ -75,7 +75,8 @@ def _answer(client: httpx.Client, body: dict, stream: bool) -> tuple:
             for call in delta.get("tool_calls") or []:
                 name, arguments = calls.get(call["index"], ("", ""))
                 function = call.get("function", {})
-                calls[call["index"]] = (name + (function.get("name") or ""), arguments + (function.get("arguments") or ""))
+                calls[call["index"]] = (name + (function.get("name") or ""),
+                                        arguments + (function.get("arguments") or ""))
             entries += [(e["token"], e["logprob"]) for e in ((choice.get("logprobs") or {}).get("content") or [])]
             finish = choice.get("finish_reason") or finish
     return 200, (text, [(name, _arguments(arguments)) for _, (name, arguments) in sorted(calls.items())], finish,
