@@ -223,6 +223,10 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
                                param=f"messages[{i}].tool_calls")
             entry["tool_calls"] = message.tool_calls
         if message.role == "tool":
+            # OpenAI's rule: a result answers a call, so it follows the assistant turn that made the calls
+            if not out or not (out[-1].get("tool_calls") or out[-1]["role"] == "tool"):
+                raise APIError(400, f"messages[{i}]: a 'tool' message must follow an assistant message with "
+                                    "tool_calls (or another tool result)", param=f"messages[{i}].role")
             entry["tool_call_id"] = message.tool_call_id or ""
         out.append(entry)
     return out
