@@ -384,8 +384,9 @@ def _generation_config(state: ServerState, body: Any, ids: list[int], param: str
     except GrammarError as err:
         raise APIError(400, str(err), param=_grammar_field(body) if tools is None or not tools.constrained
                        else "tools") from None
-    except SpecdecError as err:
-        raise APIError(400, str(err)) from None
+    except SpecdecError as err:  # "num_draft_tokens must be ...": a message that opens with a field names it
+        field = str(err).split(" ", 1)[0]
+        raise APIError(400, str(err), param=field if field in type(body).model_fields else None) from None
     return generation
 
 

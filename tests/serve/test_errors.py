@@ -36,6 +36,7 @@ CASES = [
     ("image part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      400, "messages[0].content"),
     ("n > 1", CHAT, {"messages": USER, "n": 2}, 400, "n"),
+    ("K over 32", CHAT, {"messages": USER, "num_draft_tokens": 33}, 400, "num_draft_tokens"),
     ("top_logprobs without logprobs", CHAT, {"messages": USER, "top_logprobs": 3}, 400, "top_logprobs"),
     ("top_logprobs over 20", CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("completions' logprobs over 5", COMPLETIONS, {"prompt": "a", "logprobs": 6}, 400, "logprobs"),
