@@ -155,7 +155,7 @@ def draft_candidate(opened: OpenRequest, situation: str | None, k: int) -> Draft
 def k_gives_way(opened: OpenRequest) -> bool:
     """Return whether the batch plan may lower the request's K (`draft_candidate`'s adjustable): all but a K it set
     and a reproducible request's (its K may not depend on the load)."""
-    if opened.config.reproducible:
+    if opened.config.k_follows_tokens:
         return False
     return isinstance(opened.state.policy, AdaptiveDraftLength) or opened.config.num_draft_tokens is None
 

@@ -219,6 +219,6 @@ def _guessable(request: BatchRequest) -> bool:
     token is left before max_new_tokens and the position limit, and it is not reproducible (a guess it was not
     given alone would draw its random numbers otherwise)."""
     state = request.state
-    return (state.drafting and not request.hidden and not request.opened.config.reproducible
+    return (state.drafting and not request.hidden and not request.opened.config.k_follows_tokens
             and state.drafter.drafts_by_lookup(request.row.situation)
             and request.cache.exact == request.cache.length and draft_room(state) >= 1)

@@ -72,6 +72,12 @@ class GenerationConfig:
                               tuple(self.logit_bias), self.presence_penalty, self.frequency_penalty,
                               needs_logits=self.logprobs is not None or self.grammar is not None)
 
+    @property
+    def k_follows_tokens(self) -> bool:
+        """Return whether each step's K must depend on the request's own tokens only: `reproducible` and sampled
+        (a greedy answer is the same whatever K)."""
+        return self.reproducible and self.temperature > 0
+
     def sampling_after(self, prompt_length: int) -> SamplingConfig:
         """Return the sampling part for a prompt of `prompt_length` tokens: the output starts after it (what the
         presence and frequency penalties count)."""

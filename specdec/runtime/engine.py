@@ -256,7 +256,8 @@ class Engine:
                                        cost_per_situation=combined), "auto"
         return FixedDraftLength(int(k)), str(k)
 
-    def _timing_free(self, policy: AdaptiveDraftLength, drafter) -> tuple[FixedDraftLength | AdaptiveDraftLength, str]:
+    def _timing_free(self, policy: AdaptiveDraftLength,
+                     drafter: Drafter) -> tuple[FixedDraftLength | AdaptiveDraftLength, str]:
         """Return `policy` made to choose K from the request's own tokens only (GenerationConfig.reproducible):
         prompt lookup's over the calibrated call costs, frozen; a drafting model's (whose c is a timing) the
         artifact's fixed K."""
@@ -302,7 +303,7 @@ class Engine:
         drafter = self._drafter(config, rng, len(ids), isinstance(policy, AdaptiveDraftLength), sampling)
         if drafter is not None and isinstance(policy, AdaptiveDraftLength):
             self._calibrate_call_costs(ids, config.auto_k_cap + 1)  # before the request's clock starts
-            if config.reproducible:
+            if config.k_follows_tokens:
                 policy, k_label = self._timing_free(policy, drafter)
         stats = GenerationStats(drafter=drafter.name if drafter else "none",
                                 num_draft_tokens=k_label if drafter else "0", prompt_tokens=len(ids))

@@ -125,6 +125,7 @@ def test_a_reproducible_request_under_auto_k_keeps_its_text_whatever_the_timings
                                 drafter=("ngram" if s % 4 else "model"), ngram_min=1, reproducible=True)
                for s in range(len(prompts))]
     loose = [dataclasses.replace(c, reproducible=False) for c in configs]
+    assert not dataclasses.replace(configs[0], temperature=0).k_follows_tokens  # greedy: any K gives the same text
     engine.time_call_costs()
     alone = [engine.generate(p, c) for p, c in zip(prompts, configs)]
     loose_alone = [engine.generate(p, c).stats.draft_lengths for p, c in zip(prompts, loose)]
