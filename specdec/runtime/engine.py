@@ -49,6 +49,9 @@ class GenerationStream:
     def __init__(self, make_pieces: Callable[["GenerationStream"], Iterator[str]],
                  on_cancel: Callable[[], None] | None = None, timeline: FirstTokenTimeline | None = None):
         self.result: GenerationResult | None = None
+        # Generated tokens whose text the pieces so far carry (set before each piece; a stop string's held-back
+        # text counts as carried): a streamed token's logprobs go out with the piece that holds it.
+        self.tokens_in_text = 0
         self.timeline = timeline  # a batch engine's: where the wait for the first token went (None: single stream)
         self._cancelled = threading.Event()
         self._on_cancel = on_cancel
@@ -348,6 +351,7 @@ class Engine:
                     generated.append(token)
                     piece = stop_filter.feed(decoder.push(token))
                     if piece:
+                        stream.tokens_in_text = len(generated)
                         yield piece
                     if stop_filter.stopped:
                         break
@@ -363,6 +367,7 @@ class Engine:
             stats.add_session_counters(counters, drafter.stats if drafter else None)
         tail = stop_filter.flush()
         if tail:
+            stream.tokens_in_text = len(generated)
             yield tail
         stats.total_seconds = time.perf_counter() - start
         stats.new_tokens = len(generated)

@@ -581,7 +581,7 @@ class _Run:
             except asyncio.TimeoutError:
                 self.generation.cancel("deadline")
                 continue  # the thread answers with ("cancelled", "deadline") within one iteration
-            if kind in ("tokens", "logprobs"):
+            if kind in ("tokens", "logprobs", "covers"):
                 yield kind, value
                 continue
             if kind == "piece":
@@ -604,7 +604,7 @@ class _Run:
     async def result(self) -> GenerationResult:
         """Return the finished generation's result; raise APIError if it was cancelled or failed."""
         async for kind, value in self.events():
-            if kind not in ("piece", "tokens", "logprobs"):
+            if kind not in ("piece", "tokens", "logprobs", "covers"):
                 return self._final(kind, value)
         raise AssertionError("unreachable")
 
@@ -659,8 +659,9 @@ def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool,
         if chat:
             yield _data(protocol.chunk(chat, id_, created, model, role=True))
         usage = None
-        pending: list[logprobs_format.TokenEntry] = []  # logprobs ride the next text chunk
+        pending: list[logprobs_format.TokenEntry] = []  # logprobs ride the text chunk that holds their tokens
         sent = 0  # logprob entries sent so far
+        covers = 0  # tokens the text so far holds
         # Text that may turn out to be tool calls is held back: under "auto" until its first characters say it
         # is text, or it ends as calls. A required call streams as calls as soon as its name is whole.
         held, holding = "", tools is not None
@@ -681,15 +682,19 @@ def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool,
                         if holding:
                             continue
                         value, held = held, ""
+                    count = min(max(covers - sent, 0), len(pending))
                     yield _data(protocol.chunk(chat, id_, created, model, text=value,
-                                               logprobs=run.choice_logprobs(pending, chat)))
-                    sent, pending = sent + len(pending), []
+                                               logprobs=run.choice_logprobs(pending[:count], chat)))
+                    sent, pending = sent + count, pending[count:]
                     continue
                 if kind == "tokens":  # asked for with specdec_tokens: an empty delta carrying them
                     yield _data(protocol.chunk(chat, id_, created, model, extra={"specdec_tokens": value}))
                     continue
                 if kind == "logprobs":
                     pending.extend(value)
+                    continue
+                if kind == "covers":
+                    covers = value
                     continue
                 result = run._final(kind, value)
                 usage = run.usage(result)

@@ -23,7 +23,8 @@ class _Stop(Exception):
 
 
 class Generation:
-    """Runs `engine.stream` on a thread; `events` receives ("piece", str), then one of
+    """Runs `engine.stream` on a thread; `events` receives ("piece", str), each after ("covers", the tokens
+    the text so far holds), then one of
     ("done", GenerationResult), ("cancelled", reason) or ("error", exception). `started` is set when
     the engine starts the request (a batch engine: when a KV slot takes it)."""
 
@@ -103,6 +104,7 @@ class Generation:
             pieces = iter(stream)
             try:
                 for piece in pieces:
+                    self._put(("covers", stream.tokens_in_text))  # ahead of its piece, on the same queue
                     self._put(("piece", piece))
                     if self._cancel.is_set():
                         break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import httpx
@@ -71,3 +72,24 @@ def test_presence_and_frequency_penalties_are_applied(server):
     plain = text()
     assert text(frequency_penalty=1.5) != plain and text(presence_penalty=1.5) != plain
     assert text(presence_penalty=0.0, frequency_penalty=0.0) == plain
+
+
+def test_each_streamed_chunk_carries_the_logprobs_of_its_own_tokens(server):
+    """OpenAI's shape per chunk, also where one target call commits several tokens (a prediction of the answer
+    itself): before, a call's logprobs all rode its first text chunk. A token that is half of a character rides
+    the chunk that completes it (its entry reads U+FFFD)."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 1}
+    answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    body.update(stream=True, prediction={"type": "content", "content": answer}, specdec_stats=True)
+    chunks, stats = [], None
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                stats = event.get("specdec", stats)
+                if event["choices"] and event["choices"][0]["text"]:
+                    chunks.append((event["choices"][0]["text"], event["choices"][0]["logprobs"]["tokens"]))
+    assert stats["accepted"] > 0  # some calls committed several tokens
+    assert sum(len(tokens) for _, tokens in chunks) == stats["new_tokens"]
+    whole = [(text, tokens) for text, tokens in chunks if "\ufffd" not in "".join(tokens)]
+    assert len(whole) >= len(chunks) // 2 and all("".join(tokens) == text for text, tokens in whole), chunks
