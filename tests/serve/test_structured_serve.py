@@ -129,6 +129,22 @@ def test_a_required_call_streams_its_name_first_then_its_arguments_in_pieces(ser
     assert json.loads("".join(pieces)) == json.loads(whole.choices[0].message.tool_calls[0].function.arguments)
 
 
+def test_a_tool_result_is_accepted_in_the_next_turn_and_auto_answers(server):
+    client = _client(server)
+    first = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=72, temperature=0,
+                                           tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    call = first.choices[0].message.tool_calls[0]
+    messages = MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                           {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0,
+                                           tools=[WEATHER], tool_choice="auto")
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert (message.tool_calls is not None) == (reply.choices[0].finish_reason == "tool_calls")
+    none = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0,
+                                          tools=[WEATHER], tool_choice="none")
+    assert none.choices[0].message.tool_calls is None
+
 
 @pytest.mark.parametrize("max_tokens, begun", [(14, False), (26, False), (38, True)])
 def test_a_required_call_cut_by_max_tokens_reads_the_same_streamed_or_not(server, max_tokens, begun):
