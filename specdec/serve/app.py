@@ -35,6 +35,9 @@ log = logging.getLogger("specdec.serve")
 STATIC = Path(__file__).with_name("static")
 STATIC_TYPES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8",
                 "index.html": "text/html; charset=utf-8"}
+# Events a generation sends beside its text pieces: a step's tokens (specdec_tokens), its logprobs, and how many
+# tokens the text so far holds; none ends the stream.
+SIDE_EVENTS = ("tokens", "logprobs", "covers")
 DISCONNECT_POLL_SECONDS = 0.1
 
 
@@ -581,7 +584,7 @@ class _Run:
             except asyncio.TimeoutError:
                 self.generation.cancel("deadline")
                 continue  # the thread answers with ("cancelled", "deadline") within one iteration
-            if kind in ("tokens", "logprobs", "covers"):
+            if kind in SIDE_EVENTS:
                 yield kind, value
                 continue
             if kind == "piece":
@@ -604,7 +607,7 @@ class _Run:
     async def result(self) -> GenerationResult:
         """Return the finished generation's result; raise APIError if it was cancelled or failed."""
         async for kind, value in self.events():
-            if kind not in ("piece", "tokens", "logprobs", "covers"):
+            if kind != "piece" and kind not in SIDE_EVENTS:
                 return self._final(kind, value)
         raise AssertionError("unreachable")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.diagnostics import first_mismatch
 from specdec.runtime.engine import Engine, GenerationConfig
 
@@ -41,3 +42,13 @@ def chi2_fits(counts, probs):
     n, cells = counts.sum(), probs > 0
     chi2 = float((((counts[cells] - n * probs[cells]) ** 2) / (n * probs[cells])).sum())
     return chi2, chi2_critical(int(cells.sum()) - 1)
+
+
+def flat_call_costs(engine: Engine) -> TargetCallCosts:
+    """Return a call-cost table with the engine's calibrated prior but live times where a call over 33 tokens
+    costs what a 1-token call does: an `auto` K that read live times would grow under it."""
+    costs = TargetCallCosts(prior=dict(engine.target_call_costs.prior))
+    for _ in range(8):
+        for tokens in range(1, 34):
+            costs.observe(tokens, 0.01)
+    return costs

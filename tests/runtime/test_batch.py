@@ -16,13 +16,13 @@ from specdec.runtime.batch import BatchEngine
 from specdec.runtime.batch_chunks import PREFILL_CHUNK
 from specdec.runtime.batch_plan import (BatchCallCosts, DraftCandidate, DraftRecord, ShadowDraft,
                                         choose_draft_lengths_ragged, choose_speculating, drafts_cannot_pay)
-from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.config import DEFAULT_DRAFT_TOKENS
 from specdec.runtime.drafters import Proposal
 from specdec.runtime.engine import Engine, GenerationConfig
 from specdec.runtime.guess_rows import GUESS
 from specdec.runtime.sampling import SamplingConfig
 
+from tests.runtime.helpers import flat_call_costs
 from tests.runtime.test_exactness import PROMPTS, _chi_square, _target_joint
 
 PROMPT_SET = PROMPTS + ["Hello world!", "a b c d e f", "1 2 3 4 1 2 3 4 1 2", "The cat sat on", "x = [1, 2,",
@@ -129,11 +129,7 @@ def test_a_reproducible_request_under_auto_k_keeps_its_text_whatever_the_timings
     engine.time_call_costs()
     alone = [engine.generate(p, c) for p, c in zip(prompts, configs)]
     loose_alone = [engine.generate(p, c).stats.draft_lengths for p, c in zip(prompts, loose)]
-    skewed = TargetCallCosts(prior=dict(engine.target_call_costs.prior))
-    for _ in range(8):  # live times where a long call costs what a short one does: lookup's K would grow
-        for n in range(1, 34):
-            skewed.observe(n, 0.01)
-    monkeypatch.setattr(engine, "target_call_costs", skewed)
+    monkeypatch.setattr(engine, "target_call_costs", flat_call_costs(engine))
     assert [engine.generate(p, c).stats.draft_lengths for p, c in zip(prompts, loose)] != loose_alone
     others = [GenerationConfig(max_new_tokens=24, drafter="ngram", num_draft_tokens="auto")] * 4
     results, _ = _results_in_batch(engine, prompts + PROMPT_SET[:4], configs + others, max_batch=8,

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from specdec.runtime.call_costs import TargetCallCosts
 from specdec.runtime.engine import GenerationConfig
+from tests.runtime.helpers import flat_call_costs
 from tests.serve.conftest import MODEL, live_server
 
 openai = pytest.importorskip("openai")
@@ -206,11 +206,7 @@ def test_a_seeded_answer_under_auto_k_is_the_same_alone_and_beside_seven_others(
     the library's reproducible request (K follows its own tokens, not the load: GenerationConfig.reproducible),
     though the live call times say long verify calls are as cheap as short ones."""
     serve_engine.time_call_costs()
-    skewed = TargetCallCosts(prior=dict(serve_engine.target_call_costs.prior))
-    for _ in range(8):
-        for n in range(1, 34):
-            skewed.observe(n, 0.01)
-    monkeypatch.setattr(serve_engine, "target_call_costs", skewed)
+    monkeypatch.setattr(serve_engine, "target_call_costs", flat_call_costs(serve_engine))
     seeded = {"model": MODEL, "prompt": "the the the the red red red", "max_tokens": 24, "temperature": 1.1,
               "top_k": 8, "seed": 5, "drafter": "ngram"}
     with live_server(serve_engine, serve_artifact, max_batch=8, num_draft_tokens="auto", max_queue=16) as live:
