@@ -53,6 +53,11 @@ from specdec.models.extras import missing_dependency
                    "are computed as a prefill computes them. Trades tokens/s for the next turn's first token "
                    "(2 CPU cores, F 0.5: turn 2's TTFT 0.51x turn 1's at 1 client, against 0.96x; "
                    "tokens/s -11% at 1 client, -12% at 8). 0: off.")
+@click.option("--reprefill-when-idle/--no-reprefill-when-idle", default=True, show_default=True,
+              help="With --max-batch > 1 and the prefix cache: once no request has waited or run for 50 ms, compute "
+                   "the replies that 1-token steps left unreusable again as a prefill does, 16 positions a call, so "
+                   "the chat's next turn skips them and pays for its new message only. A request arriving meanwhile "
+                   "waits for one such call at most; a client that sends its next request at once never does.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --max-batch 1: generations running at once; engine threads default to cores / this.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
@@ -100,7 +105,7 @@ from specdec.models.extras import missing_dependency
               show_default=True)
 @one_line_errors
 def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache, prefill_budget, prefill_itl_factor,
-          reply_reuse_share, max_concurrency,
+          reply_reuse_share, reprefill_when_idle, max_concurrency,
           max_queue, request_timeout, max_tokens_default, threads, provider, num_draft_tokens, drafter, api_keys,
           api_key_file, public_metrics, allow_no_key, max_body_bytes, stats_in_response, shutdown_grace, write_timeout,
           header_timeout, keep_alive_timeout, use_ray, replicas, replica_cpus, replica_gpus, ray_address,
@@ -119,7 +124,8 @@ def serve(artifact, host, port, model_name, max_batch, kv_capacity, prefix_cache
 
     config = ServeConfig(artifact=artifact, model_name=model_name, max_batch=max_batch, kv_capacity=kv_capacity,
                          prefix_cache=prefix_cache, prefill_budget=prefill_budget, prefill_itl_factor=prefill_itl_factor,
-                         reply_reuse_share=reply_reuse_share, max_concurrency=max_concurrency,
+                         reply_reuse_share=reply_reuse_share, reprefill_when_idle=reprefill_when_idle,
+                         max_concurrency=max_concurrency,
                          max_queue=max_queue, request_timeout=request_timeout,
                          max_tokens_default=max_tokens_default, threads=threads, provider=provider,
                          num_draft_tokens=num_draft_tokens, drafter=drafter, stats_in_response=stats_in_response,

@@ -20,12 +20,14 @@ of their own); each request's `timeline` records where its first token waited (t
 more slots than that graph has rows: new requests take its rows while the load fits them, the rest
 only under more load (`_slot_window`), and a step with a request beyond them is a batched decode call.
 With the prefix cache (on by default) a prompt skips the positions a slot holds of it that a fresh
-chunked prefill computes alike (slots.py, batch_chunks.py), so the output is the same with or without it.
+chunked prefill computes alike (slots.py, batch_chunks.py), so the output is the same with or without it;
+while no request waits or runs, the replies that 1-token steps left unreusable are computed again as a prefill
+computes them (batch_idle.py), so a chat's next turn skips them too.
 
 This file is the engine's face and its scheduler loop; each job is a file of its own, entered once
 per step in this order: batch_admission.py (slots, prefills), batch_step.py (plan, K, commit),
-batch_drafting.py (shared draft calls), batch_calls.py (the target calls and their costs);
-batch_request.py holds one running request's state.
+batch_drafting.py (shared draft calls), batch_calls.py (the target calls and their costs); batch_idle.py is
+the work between requests; batch_request.py holds one running request's state.
 
     from specdec.runtime import BatchEngine, Engine, GenerationConfig
     batch = BatchEngine(Engine.load("artifacts/smollm2"), max_batch=8)
@@ -43,6 +45,7 @@ from specdec.models.errors import GenerationError
 from specdec.runtime.batch_admission import SlotAdmission
 from specdec.runtime.batch_calls import CALIBRATION_PAST, TargetCalls
 from specdec.runtime.batch_drafting import DraftRounds
+from specdec.runtime.batch_idle import IdleReprefill
 from specdec.runtime.batch_request import END, BatchRequest
 from specdec.runtime.batch_step import DRAFT_MARGIN, BatchStep
 from specdec.runtime.config import AUTO_K_CAP, GenerationConfig
@@ -65,17 +68,19 @@ def _delegated(part: str, name: str, what: str) -> property:
     return property(lambda self: getattr(getattr(self, part), name), doc=f"Return {what}.")
 
 
-class BatchEngine(SlotAdmission, BatchStep):
+class BatchEngine(SlotAdmission, BatchStep, IdleReprefill):
     """An Engine's target run for many requests at once, in `max_batch` KV slots of `kv_capacity` positions; each
     step prefills at most `prefill_budget` prompt tokens, and while requests run, no more than keep the step within
     `prefill_itl_factor` x its cost without them (prefill_budget.py; None: the budget alone). A request that would
     decode one token alone verifies a 1-token guess instead where that adds at most `reply_reuse_share` to the step's
-    measured cost, so its reply stays reusable on the chat's next turn (guess_rows.py; 0: off)."""
+    measured cost, so its reply stays reusable on the chat's next turn (guess_rows.py; 0: off). With
+    `reprefill_when_idle` (and the prefix cache; `specdec serve`'s default) replies are made reusable while no
+    request waits or runs instead, at no cost to a step (batch_idle.py)."""
 
     def __init__(self, engine: Engine, max_batch: int = DEFAULT_MAX_BATCH, kv_capacity: int = DEFAULT_KV_CAPACITY,
                  on_step: Callable[[int], None] | None = None, prefix_cache: bool = True,
                  prefill_budget: int = DEFAULT_PREFILL_BUDGET, prefill_itl_factor: float | None = None,
-                 reply_reuse_share: float = 0.0):
+                 reply_reuse_share: float = 0.0, reprefill_when_idle: bool = False):
         if max_batch < 1:
             raise GenerationError(f"max_batch must be >= 1, got {max_batch}")
         if not 0 <= reply_reuse_share <= MAX_REPLY_REUSE_SHARE:
@@ -103,6 +108,9 @@ class BatchEngine(SlotAdmission, BatchStep):
         self.prefix_cache = prefix_cache
         self.prefix_tokens_reused = 0
         self.prefix_tokens_queried = 0  # prompt tokens of the requests admitted with the prefix cache on
+        self.reprefill_when_idle = reprefill_when_idle
+        self.reprefilled_tokens = 0  # kept positions computed again while idle, for the next turn to reuse
+        self._idle_since: float | None = None  # when the scheduler last found no work (None: it has some)
         self._waiting: deque[BatchRequest] = deque()
         self._prefilling: list[BatchRequest] = []  # holding slots, their prompts prefilled chunk by chunk, oldest first
         self._running: list[BatchRequest] = []
@@ -265,6 +273,9 @@ class BatchEngine(SlotAdmission, BatchStep):
         """Between steps admit waiting requests and plan this step's prompt chunks (batch_admission.py), then run
         one step (batch_step.py), until the engine stops."""
         while self._wait_for_work():
+            if self._is_idle():  # woken for idle work (batch_idle.py)
+                self._reprefill_piece()
+                continue
             self._admit()
             self._reap_cancelled()
             # Prompt chunks ride the step's ragged-rows call as rows of their own: one weight read for the step and

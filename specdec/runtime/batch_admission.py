@@ -34,13 +34,17 @@ class SlotAdmission:
     """
 
     def _wait_for_work(self) -> bool:
-        """Wait until a request waits, prefills or runs; return False once the engine stops. Requests cancelled
-        while they waited end here, never prefilled."""
+        """Wait until a request waits, prefills or runs, or idle work is due (batch_idle.py); return False once the
+        engine stops. Requests cancelled while they waited end here, never prefilled."""
         with self._wake:
             while not self._stopping and not self._waiting and not self._running and not self._prefilling:
-                self._wake.wait()
+                wait = self._idle_wait()
+                if wait == 0:
+                    return True
+                self._wake.wait(wait)
             if self._stopping:
                 return False
+            self._idle_since = None
             for request in [r for r in self._waiting if r.cancelled.is_set()]:  # gone before its prefill
                 self._waiting.remove(request)
                 request.end()

@@ -128,3 +128,18 @@ def prefill_start(reusable: int, prompt_tokens: int, lone_rows_differ: bool = Tr
         return start
     last_chunk = (prompt_tokens - 1) // chunk * chunk
     return last_chunk if last_row(prompt_tokens - last_chunk) == BLOCK_TAIL else start - 1
+
+
+def reprefill_piece(exact: int, kept: int, rows: int = PREFILL_GRANULE) -> tuple[int, int] | None:
+    """Return [start, end) of the next query that computes positions `exact`..kept-1 of a kept sequence as a fresh
+    prefill of a longer prompt computes them, or None where there is nothing left (or only position 0, alone).
+
+    A longer prompt's fresh prefill computes every position but its own last among others, so the query keeps its
+    last row among others too (`last_row`: 2 to `rows` rows, `rows` < 33), taking one exact position again where a
+    lone one is left. Example (rows 16): (40, 100) -> (40, 56); (96, 100) -> (96, 100); (99, 100) -> (98, 100);
+    (100, 100) -> None.
+    """
+    if exact >= kept or kept < 2:
+        return None
+    start = exact if kept - exact >= 2 else kept - 2
+    return start, min(start + rows, kept)

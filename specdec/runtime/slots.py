@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import heapq
 import threading
+from typing import Callable
 
 import numpy as np
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.kv_cache import KVCache, KVView
 from specdec.runtime.providers import ort
-from specdec.runtime.batch_chunks import AMONG, last_row, prefill_start
+from specdec.runtime.batch_chunks import AMONG, last_row, prefill_start, reprefill_piece
 from specdec.runtime.session import CallBinding, ModelSession
 
 NEAR_PREFIX = 4  # tokens of reuse a request gives up to take a lower free slot (`SlotArena._lowest_near`)
@@ -258,6 +259,35 @@ class SlotArena:
         if cache.exact != start or rows < 2:
             return
         cache.exact = min(cache.length, start + rows - (0 if last_row(rows) == AMONG else 1))
+
+    def reply_to_reprefill(self) -> SlotCache | None:
+        """Return the free slot whose kept tokens' KV a later prompt could reuse only in part (a reply's 1-token steps
+        round otherwise than a prefill), the one given back last, or None: nothing to re-prefill, or reuse is not
+        limited to exact positions (no prefix cache; a graph whose attention never runs on one query row)."""
+        if not (self.keep_prefixes and self.limits_reuse):
+            return None
+        with self._lock:
+            free = list(self._free)
+        candidates = [self._caches[s] for s in free
+                      if reprefill_piece(self._caches[s].exact, len(self._caches[s].kept_ids)) is not None]
+        return max(candidates, key=lambda c: c.released, default=None)
+
+    def reprefill(self, cache: SlotCache, forward: Callable[[SlotCache, list[int]], object]) -> int:
+        """Compute the next piece of a free slot's kept tokens past its exact ones as a fresh prefill does
+        (`forward(cache, tokens)` runs the target over them; batch_chunks.reprefill_piece), so a later prompt reuses
+        them; return the positions computed. Only the scheduler thread takes slots, so this one stays free."""
+        kept = cache.kept_ids
+        piece = reprefill_piece(cache.exact, len(kept))
+        if piece is None or cache.token_ids:
+            return 0
+        start, end = piece
+        cache.token_ids = list(kept[:start])
+        try:
+            forward(cache, list(kept[start:end]))
+            cache.exact = end
+        finally:
+            cache.token_ids, cache.kept_ids = [], kept  # the positions past `end` keep their KV (not yet exact)
+        return end - start
 
     def _start(self, prompt_ids: list[int], reusable: int) -> int:
         """Return where the prompt's prefill starts when `reusable` of its positions could be reused

@@ -104,7 +104,8 @@ class ServerState:
                            on_step=self.metrics.observe_batch, prefix_cache=self.config.prefix_cache,
                            prefill_budget=self.config.prefill_budget,
                            prefill_itl_factor=self.config.prefill_itl_factor or None,
-                           reply_reuse_share=self.config.reply_reuse_share)
+                           reply_reuse_share=self.config.reply_reuse_share,
+                           reprefill_when_idle=self.config.reprefill_when_idle)
 
     def _device_batch(self, engine: Engine) -> tuple[BatchEngine | None, dict[int, float]]:
         """Return (the batch engine on a GPU session, its batched calls' seconds by rows), or (None, {}) logged

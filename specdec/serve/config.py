@@ -48,6 +48,9 @@ class ServeConfig:
     prefill_itl_factor: float | None = None
     # batch engine: guess rows may add this share to a step's cost to keep replies reusable (guess_rows.py); 0: off
     reply_reuse_share: float = 0.0
+    # batch engine: while no request waits or runs, compute kept replies again as a prefill does, so the chat's next
+    # turn reuses them (batch_idle.py)
+    reprefill_when_idle: bool = True
     max_queue: int = 16  # requests waiting for a slot; one more gets 429 + Retry-After
     request_timeout: float = 300.0  # seconds from arrival (queue included) until a request is cut off
     max_tokens_default: int = 256  # max_tokens when the request sets none

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from specdec.runtime import batch_step
+from specdec.runtime import batch_idle, batch_step
 from specdec.runtime.batch import BatchEngine
-from specdec.runtime.batch_chunks import AMONG, chunk_end, chunk_pieces, granule_end, last_row, prefill_end, prefill_start
+from specdec.runtime.batch_chunks import (AMONG, chunk_end, chunk_pieces, granule_end, last_row, prefill_end,
+                                          prefill_start, reprefill_piece)
 from specdec.runtime.engine import Engine, GenerationConfig
 
 from tests.conftest import _export
@@ -265,14 +266,18 @@ def _light_load_cycle(engine: Engine, rng: np.random.Generator, max_batch: int, 
     return batch
 
 
-@pytest.mark.parametrize("seed, max_batch, budget, itl", [(0, 3, 64, None), (1, 8, 256, None), (2, 12, 64, None),
-                                                          (3, 12, 256, None), (4, 8, 256, 2.0)])
+@pytest.mark.parametrize("seed, max_batch, budget, itl, reprefill", [
+    (0, 3, 64, None, True), (1, 8, 256, None, False), (2, 12, 64, None, False), (3, 12, 256, None, True),
+    (4, 8, 256, 2.0, False)])
 def test_a_random_workload_over_the_prefix_cache_gives_each_prompts_target_only_output(long_engine, seed, max_batch,
-                                                                                       budget, itl):
+                                                                                       budget, itl, reprefill,
+                                                                                       monkeypatch):
     """Max_batch 3 (no ragged-rows graph: plain calls), 8 (the graph's rows) and 12 (slots past its rows: a window,
     stashes above it); budgets of one chunk and of four, and one bounded by the running requests' ITL (steps priced
     20 + n, so ~20-30 prompt tokens a step in 16-token granules). Bursts and staggered arrivals, then later turns,
-    then a light load on a fresh engine (`_light_load_cycle`)."""
+    then a light load on a fresh engine (`_light_load_cycle`). With `reprefill`, kept replies are re-prefilled
+    whenever the engine is idle even for a moment (batch_idle.py), between and under every arrival pattern."""
+    monkeypatch.setattr(batch_idle, "IDLE_BEFORE_REPREFILL", 0.0)
     rng = np.random.default_rng(seed)
     prompts, cancelled = _first_turn(rng)
     first_jobs = [Job(p, _config(rng)) for p in prompts]
@@ -286,7 +291,7 @@ def test_a_random_workload_over_the_prefix_cache_gives_each_prompts_target_only_
     later_answers, later_first = _references(long_engine, later, [NEW_TOKENS] * len(later))
 
     batch = BatchEngine(long_engine, max_batch=max_batch, kv_capacity=POSITIONS, prefill_budget=budget,
-                        prefill_itl_factor=itl)
+                        prefill_itl_factor=itl, reprefill_when_idle=reprefill)
     if itl is not None:
         batch.calls.ragged_costs.seconds = lambda n: 20 + n
         batch.calls._observe_idle_step = lambda seconds: None  # the table is the base too
@@ -307,6 +312,7 @@ def test_a_random_workload_over_the_prefix_cache_gives_each_prompts_target_only_
     assert batch.prefix_tokens_reused > 0.3 * batch.prefix_tokens_queried, \
         (batch.prefix_tokens_reused, batch.prefix_tokens_queried)
     assert batch.arena.prefix_copies > 0
+    assert (batch.reprefilled_tokens > 0) == reprefill
     cycle = _light_load_cycle(long_engine, rng, max_batch, budget)
     assert cycle.prefix_tokens_reused > 0.5 * cycle.prefix_tokens_queried / 2  # the second turns: most of each
     if max_batch > long_engine.target.spec.ragged_rows:
@@ -431,6 +437,65 @@ def test_a_fresh_prompt_in_a_ragged_row_gets_the_logprobs_of_its_plain_calls(lon
         finally:
             batch.shutdown()
         assert np.array_equal(iterations[0].logprobs.top_values, expected.top_values), beside
+
+
+def _reprefilled(batch: BatchEngine, seconds: float = 30.0) -> None:
+    """Wait until the idle engine has no kept reply left to re-prefill (batch_idle.py)."""
+    deadline = time.monotonic() + seconds
+    while batch.arena.reply_to_reprefill() is not None:
+        assert time.monotonic() < deadline, "the idle engine left a kept reply unreusable"
+        time.sleep(0.01)
+
+
+def test_reprefill_pieces_cover_what_is_not_exact_in_queries_whose_every_row_is_among_others():
+    """From any exact frontier of any kept sequence, the pieces cover every position past it (taking one exact
+    position again at most), each a query of 2 to 16 rows: none ends in a lone row or a 32m + 1 rows' tail."""
+    assert [reprefill_piece(e, k) for e, k in ((40, 100), (96, 100), (99, 100), (100, 100), (0, 1), (0, 2))] == \
+        [(40, 56), (96, 100), (98, 100), None, None, (0, 2)]
+    for kept in range(2, 70):
+        for exact in range(kept + 1):
+            computed, frontier = set(), exact
+            while (piece := reprefill_piece(frontier, kept)) is not None:
+                start, end = piece
+                assert 2 <= end - start <= 16 and last_row(end - start) == AMONG and start >= frontier - 1
+                computed.update(range(start, end))
+                frontier = end
+            assert frontier == kept and computed >= set(range(exact, kept)), (exact, kept)
+
+
+@pytest.mark.parametrize("max_batch", [3, 8])
+def test_an_idle_engine_reprefills_a_reply_of_1_token_steps_so_the_next_turn_reuses_it(long_engine, max_batch):
+    """A target-only reply (1-token steps, not reusable as decoded) is computed again while the engine is idle;
+    the chat's next turn then reuses it, and gets the first-token logprobs of its prefill alone, bit for bit (a lone
+    row rounds otherwise on SmolLM2, not on the tiny model: tests/runtime/test_smollm2.py). Without
+    reprefill_when_idle only the prompt is reused."""
+    rng = np.random.default_rng(11)
+    config = GenerationConfig(max_new_tokens=24, drafter="none")
+    prompt = next(p for p in (_tokens(rng, 45) for _ in range(20))
+                  if long_engine.generate(p, config).finish_reason == "length")
+    for reprefill in (True, False):
+        batch = BatchEngine(long_engine, max_batch=max_batch, kv_capacity=POSITIONS, reprefill_when_idle=reprefill)
+        try:
+            reply = _reply(batch.generate(prompt, config).token_ids, long_engine)
+            if reprefill:
+                _reprefilled(batch)
+            else:
+                time.sleep(2 * batch_idle.IDLE_BEFORE_REPREFILL)
+            frontier = _exact_frontier(batch, prompt)
+            turn = prompt + reply + _tokens(rng, 5)
+            start = batch.prefix_tokens_reused
+            got = _first_logprobs(batch, turn)
+            reused = batch.prefix_tokens_reused - start
+            reprefilled = batch.reprefilled_tokens
+        finally:
+            batch.shutdown()
+        kept = len(prompt) + len(reply) - 1  # the last reply token was never fed
+        if reprefill:
+            assert frontier == kept and reused >= kept - 1 and reprefilled >= len(reply) - 1, (frontier, reused)
+        else:
+            assert frontier <= len(prompt) and reused <= len(prompt) and reprefilled == 0, (frontier, reused)
+        expected = _alone(long_engine, [turn])[0]
+        assert np.array_equal(got.top_values, expected.top_values), reprefill
 
 
 def _exact_frontier(batch: BatchEngine, prompt: list[int]) -> int:

