@@ -99,7 +99,7 @@ def workload(args: argparse.Namespace) -> list[str]:
     """Return serve_load's flags for the workload asked: a scenario, the open loop (--rate), else the closed loop
     (with the plot: it draws the loops only)."""
     if args.turns:
-        return ["--turns", str(args.turns), "--concurrency", args.concurrency]
+        return ["--turns", str(args.turns), "--think-time", str(args.think_time), "--concurrency", args.concurrency]
     if args.burst:
         return ["--burst", str(args.burst), "--burst-running", str(args.burst_running)]
     if args.prefill_lengths:
@@ -131,6 +131,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=None,
                         help="multi-turn chat instead: conversations of this many turns at --concurrency clients, "
                              "--requests conversations per cell (serve_load --turns)")
+    parser.add_argument("--think-time", type=float, default=0.0,
+                        help="--turns: seconds between an answer and the next turn (serve_load --think-time)")
     parser.add_argument("--burst", type=int, default=None,
                         help="instead: this many new prompts at once beside --burst-running streaming requests, once "
                              "per round; the running requests' ITL idle and in the burst (serve_load --burst)")

@@ -136,6 +136,9 @@ def _csv(kind: type, text: str, name: str) -> list:
                    "chosen per conversation), and so on; --requests counts conversations. Reports TTFT p50/p90 of "
                    "each turn and each later turn over the first (the target: turn 2 <= 0.5x turn 1, its prefix "
                    "cached). Every server gets the same messages.")
+@click.option("--think-time", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="S",
+              help="--turns: seconds a client waits after an answer before sending the next turn (a user reading "
+                   "it); 0: at once, a server's worst case for reusing the answer.")
 @click.option("--burst", type=click.IntRange(min=1), default=None, metavar="N",
               help="Inter-token latency during a burst: --burst-running long requests stream (max_tokens 192; "
                    "ignore_eos where the server is not specdec, which refuses it: the report gives the tokens each "
@@ -227,7 +230,7 @@ class _Rounds:
 
 def _main(*, artifact, servers, urls, plain, plot_path, generations, concurrency, rates, arrivals, seed,
           goodput_ttft, goodput_itl, goodput_e2el, drafters, num_draft_tokens, requests, repeats, min_waves,
-          max_tokens, prompts_path, model, time_limit, output, as_json, turns, burst, burst_running,
+          max_tokens, prompts_path, model, time_limit, output, as_json, turns, think_time, burst, burst_running,
           prefill_lengths) -> None:
     scenario = "turns" if turns else "burst" if burst else "prefill" if prefill_lengths else None
     open_loop = rates is not None
@@ -246,6 +249,7 @@ def _main(*, artifact, servers, urls, plain, plot_path, generations, concurrency
     plan = _Rounds(model, cases, max_tokens, num_draft_tokens, requests, repeats, min_waves, seed, arrivals, deadline)
     scenario_plan = None if scenario is None else ScenarioPlan(
         scenario, model, cases, max_tokens, num_draft_tokens, requests, repeats, deadline, turns=turns or 1,
+        think_seconds=think_time,
         running=burst_running, tokenizer=load_tokenizer(artifact) if scenario == "prefill" else None)
     load_before = _loadavg()
     with ExitStack() as stack:

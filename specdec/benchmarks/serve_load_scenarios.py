@@ -42,6 +42,7 @@ class ScenarioPlan:
     repeats: int  # rounds per cell
     deadline: float  # perf_counter time after which no round starts
     turns: int = 2  # turns: requests per conversation
+    think_seconds: float = 0.0  # turns: a client's wait between an answer and its next turn
     running: int = 2  # burst: requests streaming before it
     running_tokens: int = RUNNING_TOKENS
     idle_seconds: float = IDLE_SECONDS
@@ -97,7 +98,8 @@ def _play_turns(cell: ScenarioCell, url: str, settings: RequestSettings, clients
     """Run one round of conversations with `clients` clients into `cell`; return its progress line."""
     size = round_sizes(plan.requests, plan.repeats, clients)[repeat]
     block = numbers.block(("turns", clients, repeat, settings.drafter), size)
-    by_turn, seconds = asyncio.run(run_conversations(url, plan.cases, block, plan.turns, clients, settings))
+    by_turn, seconds = asyncio.run(run_conversations(url, plan.cases, block, plan.turns, clients, settings,
+                                                     plan.think_seconds))
     for turn, records in by_turn.items():
         cell.records.setdefault(f"turn{turn}", []).extend(records)
     cell.seconds += seconds
@@ -169,7 +171,8 @@ def _what_is_sent(plan: ScenarioPlan, loads: Sequence[int]) -> str:
     if plan.scenario == "turns":
         return (f"multi-turn chat: {plan.requests} conversations of {plan.turns} turns per cell, closed-loop "
                 f"clients {joined}, turn 2 on: the conversation so far with the streamed answer and a fixed "
-                f"follow-up; streamed greedy chat completions, max_tokens {plan.max_tokens} each turn")
+                f"follow-up, sent {f'{plan.think_seconds:g} s after' if plan.think_seconds else 'as soon as'} the "
+                f"answer ended; streamed greedy chat completions, max_tokens {plan.max_tokens} each turn")
     if plan.scenario == "burst":
         return (f"burst: {plan.running} long requests stream (max_tokens {plan.running_tokens}, ignore_eos on "
                 f"non-specdec servers; specdec refuses it and runs to its end of text) for {plan.idle_seconds:g} s, "

@@ -75,9 +75,11 @@ def turn_messages(first: str, answers: Sequence[str], follow_ups: Sequence[str])
 
 
 async def run_conversations(url: str, cases: Sequence[PromptCase], numbers: Sequence[int], turns: int,
-                            clients: int, settings: RequestSettings) -> tuple[dict[int, list[Record]], float]:
-    """Run conversation n for each n in `numbers` with `clients` closed-loop clients: each turn is sent when
-    the last one ended, with the streamed answers so far; return ({turn: records}, wall seconds).
+                            clients: int, settings: RequestSettings,
+                            think_seconds: float = 0.0) -> tuple[dict[int, list[Record]], float]:
+    """Run conversation n for each n in `numbers` with `clients` closed-loop clients: each turn is sent
+    `think_seconds` after the last one ended, with the streamed answers so far; return ({turn: records}, wall
+    seconds).
 
     Conversation n opens with numbered(cases[n % len(cases)].prompt, n); a failed turn ends it."""
     queue = list(numbers)
@@ -99,6 +101,8 @@ async def run_conversations(url: str, cases: Sequence[PromptCase], numbers: Sequ
                     if not record.ok:
                         break
                     answers.append(record.text)
+                    if turn < turns and think_seconds:
+                        await asyncio.sleep(think_seconds)
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
