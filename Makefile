@@ -170,8 +170,8 @@ bench-bound: $(STAMP) $(ARTIFACT)/specdec.json
 # 3 rounds a cell: on a 2-core box one cell's rounds differ by up to 1.3x, so 2 rounds misread ratios. After the
 # closed loop (benchmarks/out/serve-bench/) each workload starts the servers afresh and writes its own folder: the
 # open loop at 1/2/4 req/s (serve-open/) and past capacity at 6/8/12 (serve-open-high/), two-turn chats
-# (serve-turns/), 8 prompts at once beside 2 streaming requests (serve-burst/), prefill of 45/360/1000-token
-# prompts (serve-prefill/).
+# (serve-turns/; with a 1 s pause before turn 2, as a user reading the answer: serve-turns-think/), 8 prompts at
+# once beside 2 streaming requests (serve-burst/), prefill of 45/360/1000-token prompts (serve-prefill/).
 BENCH_SERVE = $(BIN)/python tools/bench_serve.py --artifact $(ARTIFACT) --gguf "$$($(BIN)/python -m specdec.exporter.bundled)" \
 	--llama-server $(LLAMA_SERVER) --vllm-python $(VLLM_VENV)/bin/python --hf-folder $(HF_FOLDER) --threads 2 --prefix-cache
 CHAT_PROMPTS := specdec/data/prompts-chat.jsonl  # 64 distinct short chats: no prompt repeats within a cell
@@ -180,6 +180,7 @@ bench-serve: $(STAMP) $(ARTIFACT)/specdec.json anchors-serve
 	$(BENCH_SERVE) --prompts $(CHAT_PROMPTS) --rate 1,2,4 --requests 48 --rounds 3 --output benchmarks/out/serve-open
 	$(BENCH_SERVE) --prompts $(CHAT_PROMPTS) --rate 6,8,12 --requests 48 --rounds 3 --output benchmarks/out/serve-open-high
 	$(BENCH_SERVE) --turns 2 --concurrency 1,4,8 --requests 24 --rounds 3 --output benchmarks/out/serve-turns
+	$(BENCH_SERVE) --turns 2 --think-time 1 --concurrency 1,4 --requests 24 --rounds 3 --output benchmarks/out/serve-turns-think
 	$(BENCH_SERVE) --prompts $(CHAT_PROMPTS) --burst 8 --burst-running 2 --rounds 5 --output benchmarks/out/serve-burst
 	$(BENCH_SERVE) --prefill-lengths 45,360,1000 --rounds 3 --output benchmarks/out/serve-prefill
 
