@@ -43,6 +43,12 @@ from specdec.models.errors import SpecdecError
 from specdec.runtime.machine import cpu_model
 
 MODEL = "smollm2"  # the name every server started here serves the model under
+# Every server started here prefills every prompt whole: rounds send the same prompts again, and a prefix cache
+# served some of them (which, depended on the order of the rounds and the slots), so one decoding's rounds found
+# more prompts cached than the other's (edits, 1 client: target-only TTFT p50 0.19 s, speculation 0.03 s, reading
+# 2.79x where both uncached read 2.63x). A new document to edit or extract from is uncached too.
+NO_PROMPT_CACHE = "every server started here without prompt caching (specdec --no-prefix-cache, llama-server " \
+                  "--no-cache-prompt, vLLM --no-enable-prefix-caching): each request prefills its whole prompt"
 DECODINGS = ("none", "auto")  # specdec's: target-only, then speculation
 ANCHOR_START_TIMEOUT = 900.0  # vLLM CPU takes minutes to start on 2 cores
 
@@ -70,7 +76,8 @@ class AnchorProcess(ServerProcess):
 def anchor_commands(threads: int, slots: int, llama_server: str | None, gguf: str | None, vllm_python: str | None,
                     hf_folder: str | None) -> dict[str, tuple[list[str], dict[str, str], int]]:
     """Return {name: (command, environment, port)} of the anchors asked for, each at `threads` threads, as
-    tools/bench_serve.py starts them; llama-server with --jinja (its tool calls need the chat template)."""
+    tools/bench_serve.py starts them; llama-server with --jinja (its tool calls need the chat template). Neither
+    caches prompts (NO_PROMPT_CACHE says why)."""
     from specdec.serve.ray_app import free_port
 
     env = dict(os.environ)
@@ -78,7 +85,8 @@ def anchor_commands(threads: int, slots: int, llama_server: str | None, gguf: st
     if llama_server:
         port = free_port("127.0.0.1")
         servers["llama-server"] = ([llama_server, "-m", str(gguf), "-np", str(slots), "-t", str(threads),
-                                    "-c", str(1024 * slots), "--jinja", "--alias", MODEL, "--host", "127.0.0.1",
+                                    "-c", str(1024 * slots), "--jinja", "--no-cache-prompt", "--alias", MODEL,
+                                    "--host", "127.0.0.1",
                                     "--port", str(port)], env, port)
     if vllm_python:
         port = free_port("127.0.0.1")
@@ -88,7 +96,7 @@ def anchor_commands(threads: int, slots: int, llama_server: str | None, gguf: st
         # tool_choice "required" needs a tool-call parser in vLLM; hermes reads the <tool_call> JSON its
         # chat template asks for
         servers["vllm"] = ([vllm, "serve", str(hf_folder), "--dtype", "float32", "--max-num-seqs", "16",
-                            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--no-enable-prefix-caching",
                             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL], vllm_env, port)
     return servers
 
@@ -190,7 +198,8 @@ def _main(*, artifact, url, model, workloads, clients, requests, repeats, min_wa
                   + f"; workloads {', '.join(f'{w} ({len(by_workload[w])} items)' for w in chosen)} from "
                   f"{Path(data_path or STRUCTURED_FILE).name}; streamed greedy chat completions, max_tokens "
                   + (str(max_tokens) if max_tokens else ", ".join(f"{w} {MAX_TOKENS[w]}" for w in chosen))
-                  + f"; {requests} requests per cell in {repeats} alternating rounds"
+                  + f"; {requests} requests per cell in {repeats} alternating rounds; {NO_PROMPT_CACHE}"
+                  + (" (specdec: as configured by the caller)" if url else "")
                   + (f" (at least {min_waves} per client a round)" if min_waves else "")
                   + f"; speculation: drafter auto, K {num_draft_tokens}; machine load average {load_before} at the "
                   f"start, {_loadavg()} at the end; {time.perf_counter() - started:.0f} s"),
@@ -222,7 +231,8 @@ def _start_servers(stack: ExitStack, artifact, url, threads, max_batch, llama_se
     else:
         click.echo("starting specdec serve ...", err=True)
         server = ServerProcess("process", artifact, 1, os.cpu_count() or 1,
-                               ["--max-batch", str(max_batch), "--threads", str(threads), "--model-name", MODEL])
+                               ["--max-batch", str(max_batch), "--threads", str(threads), "--model-name", MODEL,
+                                "--no-prefix-cache"])
         stack.callback(server.stop)
         targets[BASE_SERVER], processes[BASE_SERVER] = server.wait_ready(), server
     slots = max_batch

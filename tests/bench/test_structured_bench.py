@@ -4,6 +4,7 @@ hand, the shipped workload set, and a short run against a live server on the tin
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 
 import pytest
 from click.testing import CliRunner
@@ -341,6 +342,7 @@ def test_an_anchor_is_started_at_the_same_threads_and_sent_only_openais_fields(l
     sent = [json.loads(line) for line in log.read_text().splitlines()]
     argv = sent[0]["argv"]
     assert argv[argv.index("-t") + 1] == "3" and argv[argv.index("-m") + 1] == "m.gguf" and "--jinja" in argv
+    assert "--no-cache-prompt" in argv  # rounds send the same prompts again: none may find them cached
     bodies = {row["body"]["messages"][0]["content"][:8]: row["body"] for row in sent}
     assert len(sent) == 6  # a warm-up and a measured request per workload
     for body in bodies.values():
@@ -352,3 +354,26 @@ def test_an_anchor_is_started_at_the_same_threads_and_sent_only_openais_fields(l
     anchor = [summaries[("llama-server", w)] for w in WORKLOADS]
     assert [(s["valid"], s["checked"], s["tokens"]) for s in anchor] == [(1, 1, 5), (1, 1, 5), (0, 1, 5)]
     assert all(s["vs_target_only"] is not None and s["mask_share"] is None for s in anchor)
+
+
+def test_no_server_started_here_caches_prompts(monkeypatch):
+    """Rounds send the same prompts again; a prefix cache served one decoding's rounds more of them than the
+    other's (edits, 1 client: 2.79x against 2.63x uncached), so specdec and both anchors start without one."""
+    started = []
+
+    class FakeServer:
+        def __init__(self, mode, artifact, generations, threads, flags):
+            started.append(flags)
+
+        def wait_ready(self):
+            return "http://127.0.0.1:1"
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(structured_bench, "ServerProcess", FakeServer)
+    with ExitStack() as stack:
+        structured_bench._start_servers(stack, "artifact", None, 2, "4", None, None, None, None)
+    assert "--no-prefix-cache" in started[0]
+    anchors = structured_bench.anchor_commands(2, 4, "llama-server", "m.gguf", "/venv/bin/python", "hf")
+    assert "--no-cache-prompt" in anchors["llama-server"][0] and "--no-enable-prefix-caching" in anchors["vllm"][0]
