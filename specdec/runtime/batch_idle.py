@@ -41,7 +41,11 @@ class IdleReprefill:
     def _reprefill_piece(self) -> None:
         """Re-prefill one piece of the reply given back last (SlotArena.reprefill)."""
         cache = self.arena.reply_to_reprefill()
-        if cache is not None:
-            target = self.engine.target
+        if cache is None:
+            return
+        target = self.engine.target
+        try:
             self.reprefilled_tokens += self.arena.reprefill(
                 cache, lambda slot_cache, tokens: target.forward(slot_cache, tokens, logits_rows=1, greedy=True))
+        except Exception:  # optional work: the slot forgets its tokens (no retry), the scheduler serves on
+            cache.kept_ids, cache.exact = (), 0

@@ -30,12 +30,13 @@ def test_each_workload_passes_its_own_flags_to_serve_load():
     spec = importlib.util.spec_from_file_location("bench_serve", TOOL)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    base = dict(artifact="art", concurrency="1,4", min_waves=2, output="out", rate=None, turns=None, burst=None,
-                burst_running=2, prefill_lengths=None)
+    base = dict(artifact="art", concurrency="1,4", min_waves=2, output="out", rate=None, turns=None, think_time=0.0,
+                burst=None, burst_running=2, prefill_lengths=None)
     assert tool.workload(argparse.Namespace(**base)) == ["--concurrency", "1,4", "--min-waves", "2", "--plot",
                                                          str(Path("out") / "serve.png")]
     assert tool.workload(argparse.Namespace(**{**base, "rate": "1,2"}))[:2] == ["--rate", "1,2"]
-    assert tool.workload(argparse.Namespace(**{**base, "turns": 2})) == ["--turns", "2", "--concurrency", "1,4"]
+    assert tool.workload(argparse.Namespace(**{**base, "turns": 2, "think_time": 1.0})) == [
+        "--turns", "2", "--think-time", "1.0", "--concurrency", "1,4"]
     assert tool.workload(argparse.Namespace(**{**base, "burst": 8})) == ["--burst", "8", "--burst-running", "2"]
     # the prefill scenario cuts its prompts with the artifact's tokenizer; no plot (it draws the loops only)
     assert tool.workload(argparse.Namespace(**{**base, "prefill_lengths": "45,360"})) == [

@@ -113,6 +113,19 @@ def test_turn_two_sends_the_streamed_answer_and_a_follow_up_to_every_server(fake
     assert "| spec | 2 | target-only | 1.0 |" in table and "| plain | 2 | target-only | 1.0 |" not in table
 
 
+def test_a_think_time_holds_each_next_turn_back(fake_server, tmp_path):
+    """--think-time S: a client sends turn 2 S seconds after its answer ended, as a user reading it (an idle server
+    meanwhile re-prefills the reply); the setup says so."""
+    report, table = _run(fake_server, tmp_path, "--turns", "2", "--concurrency", "1", "--requests", "2",
+                         "--think-time", "0.4")
+    assert "sent 0.4 s after the answer ended" in report["setup"]["setup"]
+    for s in report["summaries"]:  # two conversations, each waiting once
+        assert s["turn2"]["requests"] == 2 and s["seconds"] >= 0.8, s["seconds"]
+    (tmp_path / "quick").mkdir()
+    quick, _ = _run(fake_server, tmp_path / "quick", "--turns", "2", "--concurrency", "1", "--requests", "2")
+    assert all(s["seconds"] < 0.8 for s in quick["summaries"]) and "as soon as" in quick["setup"]["setup"]
+
+
 def test_a_burst_slows_the_running_requests_gaps(fake_server, tmp_path):
     report, table = _run(fake_server, tmp_path, "--burst", "3", "--burst-running", "2", "--max-tokens", "4")
     spec, plain = report["summaries"]
