@@ -28,7 +28,7 @@ from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.providers import shared_pool, shared_pool_threads
 from specdec.runtime.session import ModelSession
 from specdec.runtime.stats import GenerationStats
-from specdec.runtime.text import StopStringFilter, TextCodec
+from specdec.runtime.text import StopStringFilter, TextCodec, tokens_released
 from specdec.runtime.timeline import FirstTokenTimeline
 
 
@@ -340,6 +340,9 @@ class Engine:
         decoder = self.codec.decode_stream()
         stop_filter = StopStringFilter(config.stop_strings)
         generated: list[int] = []
+        # where each token's text ends in the stop filter's text (None: half a character so far): a piece released
+        # while a stop string's first characters are held back holds only the tokens before them
+        text_ends: list[int | None] = []
         finish = None
         start = time.perf_counter()
         try:
@@ -349,9 +352,12 @@ class Engine:
                     on_iteration(iteration)
                 for token in iteration.committed:
                     generated.append(token)
-                    piece = stop_filter.feed(decoder.push(token))
+                    text = decoder.push(token)
+                    piece = stop_filter.feed(text)
+                    text_ends.append(len(stop_filter.text) if text else None)
                     if piece:
-                        stream.tokens_in_text = len(generated)
+                        stream.tokens_in_text = tokens_released(text_ends, stop_filter.released,
+                                                                stream.tokens_in_text)
                         yield piece
                     if stop_filter.stopped:
                         break

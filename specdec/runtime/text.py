@@ -119,3 +119,19 @@ class StopStringFilter:
     def final_text(self) -> str:
         """Return the output text: up to the first stop string, or everything."""
         return self.text[: self.released] if self.stopped else self.text
+
+
+def tokens_released(text_ends: list[int | None], released: int, start: int = 0) -> int:
+    """Return how many leading tokens the first `released` characters of a stream's text hold whole, counting on
+    from `start` (a count already known): up to the last token whose text ends within them. `text_ends[i]` is
+    where token i's text ends, None while it has none of its own (half a character: it goes with the token that
+    completes it). Example: ends [3, None, 5, 9] with 6 released -> 3; with 4 released -> 1."""
+    count = start
+    for index in range(start, len(text_ends)):
+        end = text_ends[index]
+        if end is None:
+            continue
+        if end > released:
+            break
+        count = index + 1
+    return count

@@ -7,7 +7,7 @@ import pytest
 
 from specdec.models.errors import GenerationError
 from specdec.runtime.engine import Engine, GenerationConfig
-from specdec.runtime.text import StopStringFilter
+from specdec.runtime.text import StopStringFilter, tokens_released
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +161,11 @@ def test_a_drafter_without_a_draft_length_policy_is_refused(tiny_target_only_art
     request = DecodeRequest([1, 2, 3], 4, SamplingConfig(), frozenset(), engine.max_positions)
     with pytest.raises(GenerationError, match="needs a draft-length policy"):
         next(decode(engine.target, engine.target.new_cache(), request, np.random.default_rng(0), NgramDrafter()))
+
+
+def test_tokens_released_counts_the_tokens_whose_text_was_sent_whole():
+    """A token's text that a stop string's first characters hold back is not counted, nor a half character until
+    the token that completes it; counting on from a known count gives the same."""
+    ends = [3, None, 5, 9]
+    assert [tokens_released(ends, released) for released in (0, 2, 3, 4, 5, 8, 9)] == [0, 0, 1, 1, 3, 3, 4]
+    assert tokens_released(ends, 9, start=3) == 4 and tokens_released([None, None], 5) == 0

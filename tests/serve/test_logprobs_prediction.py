@@ -93,3 +93,29 @@ def test_each_streamed_chunk_carries_the_logprobs_of_its_own_tokens(server):
     assert sum(len(tokens) for _, tokens in chunks) == stats["new_tokens"]
     whole = [(text, tokens) for text, tokens in chunks if "\ufffd" not in "".join(tokens)]
     assert len(whole) >= len(chunks) // 2 and all("".join(tokens) == text for text, tokens in whole), chunks
+
+
+def test_a_streamed_chunk_carries_no_logprobs_of_text_held_back_for_a_stop_string(server):
+    """Text that could begin a stop string is held back until the next piece shows it does not: the entries of
+    its tokens ride the chunk that sends it. Before, they rode the chunk before (every token committed so far)."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 1}
+    choice = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+    answer, tokens = choice["text"], choice["logprobs"]["tokens"]
+    # a character some token ends with, not the last: held back there until the next token shows no stop string
+    letter = next(t[-1] for t in tokens[:-1] if t.strip() and "\ufffd" not in t)
+    body.update(stream=True, stop=[letter + "\u0001"])
+    chunks = []
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                if event["choices"] and event["choices"][0]["text"]:
+                    chunks.append((event["choices"][0]["text"], event["choices"][0]["logprobs"]["tokens"]))
+    assert "".join(text for text, _ in chunks) == answer
+    assert sum(len(entries) for _, entries in chunks) == len(tokens)  # every token's entry, once
+    text_so_far = entries_so_far = ""
+    for text, entries in chunks:  # the entries never run ahead of the text sent (byte tokens read U+FFFD apart)
+        text_so_far = text_so_far + text.replace("\ufffd", "")
+        entries_so_far = entries_so_far + "".join(entries).replace("\ufffd", "")
+        assert len(entries_so_far) <= len(text_so_far), chunks
+    assert any(not entries for _, entries in chunks)  # not vacuous: a chunk's last token waited for the next
