@@ -238,6 +238,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "        return True or last_row(end - start) == AMONG and (",
            (PREFIX_STRESS + "::test_every_granule_cut_of_an_itl_bound_step_computes_each_position_as_a_fresh_prefill"
             "_does",)),
+    Mutant("idle re-prefill lends the whole kept reply after its first piece", "specdec/runtime/slots.py",
+           "            cache.exact = end\n", "            cache.exact = len(kept)\n",
+           (PREFIX_STRESS + "::test_an_idle_engine_reprefills_a_reply_of_1_token_steps_so_the_next_turn_reuses_it[3]",)),
+    Mutant("idle re-prefill ends a piece in a lone row", "specdec/runtime/batch_chunks.py",
+           "    start = exact if kept - exact >= 2 else kept - 2\n", "    start = exact\n",
+           (PREFIX_STRESS + "::test_reprefill_pieces_cover_what_is_not_exact_in_queries_whose_every_row_is_among_others",)),
 )
 
 
