@@ -81,7 +81,9 @@ async def one_request(client, url: str, model: str | None, case: PromptCase, dra
                             "temperature": 0, "stream": True,
                             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     if not plain:
-        body.update(drafter=drafter, specdec_stats=True)
+        # each decoding's own prefix-cache namespace: a round sends every decoding the same prompts, and the second
+        # would find them cached where a server running one decoding (the anchors) does not
+        body.update(drafter=drafter, specdec_stats=True, cache_salt=f"decoding-{drafter}")
     if model:
         body["model"] = model
     body.update(extra or {})

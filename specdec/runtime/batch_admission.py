@@ -61,7 +61,7 @@ class SlotAdmission:
             self._admitting = [request]
             prompt = request.prompt_ids
             reuse = self.prefix_cache and not request.hidden
-            request.cache = self.arena.take(prompt if reuse else None, window=window)
+            request.cache = self.arena.take(prompt if reuse else None, window=window, salt=request.cache_salt)
             request.timeline.mark("admitted")
             self.prefix_tokens_reused += request.cache.length
             self.prefix_tokens_queried += len(prompt) if self.prefix_cache else 0
@@ -104,7 +104,7 @@ class SlotAdmission:
         if not self.prefix_cache or len(self._waiting) == 1:
             return self._waiting.popleft()
         window = list(itertools.islice(self._waiting, 2 * self.max_batch))
-        shared = [self.arena.cached_prefix(r.prompt_ids) for r in window]
+        shared = [self.arena.cached_prefix(r.prompt_ids, salt=r.cache_salt) for r in window]
         best = shared.index(max(shared))  # the first of the longest: order kept among equals
         best = next((i for i in range(best) if window[i].passed_over >= self.max_batch), best)
         for request in window[:best]:
@@ -118,7 +118,7 @@ class SlotAdmission:
             request.on_start()
         model = request.draft_model
         if model is not None and self.draft_arena is not None:
-            model.cache = self.draft_arena.cache_at(request.slot, request.prompt_ids)
+            model.cache = self.draft_arena.cache_at(request.slot, request.prompt_ids, salt=request.cache_salt)
         cache = request.cache
         cache.run_seconds = cache.rollback_seconds = 0.0
         cache.run_calls = 0
@@ -169,7 +169,7 @@ class SlotAdmission:
         what it holds (a document several requests start with: prefilled once, then copied)."""
         needed = request.cache.length + MIN_PREFIX
         for older in itertools.takewhile(lambda r: r is not request, self._prefilling):
-            if common_prefix(older.prompt_ids, request.prompt_ids) >= needed:
+            if older.cache_salt == request.cache_salt and common_prefix(older.prompt_ids, request.prompt_ids) >= needed:
                 return True
         return False
 

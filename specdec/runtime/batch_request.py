@@ -81,6 +81,11 @@ class BatchRequest:
         return self.opened.state.request.prompt_ids
 
     @property
+    def cache_salt(self) -> str | None:
+        """Return the prefix-cache namespace of its prompt (GenerationConfig.cache_salt)."""
+        return self.opened.config.cache_salt
+
+    @property
     def raw_argmax(self) -> bool:
         """Return whether its tokens are the raw argmax (a call may then read the 8-bit greedy LM head)."""
         return self.opened.state.request.sampling.raw_argmax

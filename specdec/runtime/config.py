@@ -15,6 +15,7 @@ DRAFTER_CHOICES = ("auto",) + DRAFTER_KINDS  # auto: the artifact's tuned drafte
 PROVIDER_CHOICES = ("auto", "cuda", "cpu")  # auto: CUDA when onnxruntime-gpu can load it, else the CPU
 DEFAULT_DRAFT_TOKENS = 4  # when neither the caller nor the artifact (`specdec tune`) says
 MAX_DRAFT_TOKENS = 32  # the largest K a request may ask for (loop.MAX_DRAFT_ROOM leaves room for it)
+MAX_CACHE_SALT = 256  # characters of a request's cache_salt
 NGRAM_MIN_FIXED_K, NGRAM_MIN_AUTO = 2, 1  # GenerationConfig.ngram_min says why
 # K caps under "auto" when the request sets none (GenerationConfig.max_draft_tokens_auto says why).
 AUTO_K_CAP, AUTO_K_CAP_PREDICTION = 16, MAX_DRAFT_TOKENS
@@ -64,6 +65,9 @@ class GenerationConfig:
     phrases: bool = True
     stop_strings: tuple[str, ...] = ()
     chat: bool = False  # wrap the prompt in the artifact's chat template
+    # The batch engine's prefix cache reuses KV only between requests of the same salt (vLLM's `cache_salt`:
+    # tenants that must not time each other's prompts; None: the shared pool). The output never depends on it.
+    cache_salt: str | None = None
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -118,6 +122,9 @@ class GenerationConfig:
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise GenerationError(f"grammar must be a GrammarSpec (GrammarSpec.of('json_schema', schema)), "
                                   f"got {type(self.grammar).__name__}")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not 1 <= len(self.cache_salt)
+                                            <= MAX_CACHE_SALT):
+            raise GenerationError(f"cache_salt must be None or a string of 1 to {MAX_CACHE_SALT} characters")
         if self.max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         k = self.num_draft_tokens

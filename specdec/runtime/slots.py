@@ -34,6 +34,7 @@ class SlotCache(KVCache):
 
     slot: int = -1
     kept_ids: tuple[int, ...] = ()  # the last request's tokens, whose KV stays valid in the row while it is free
+    salt: str | None = None  # the cache_salt of the request whose tokens it holds: only its equals reuse them
     # Leading positions of its tokens (or kept ones) whose KV a fresh chunked prefill of them computes bit for bit
     # alike: those a prefill or a verify call wrote (SlotArena.prefilled, .scored), not a query's lone last row nor a
     # 1-token step's.
@@ -137,31 +138,40 @@ class SlotArena:
             free = set(self._free)
         return sum(c.length for s, c in enumerate(self._caches) if s not in free)
 
-    def cached_prefix(self, prompt_ids: list[int], min_prefix: int = MIN_PREFIX) -> int:
-        """Return the longest prefix of `prompt_ids` that a slot's KV holds and `take` can give it: any slot's
-        where prefixes are copied, else a free slot's (0 below `min_prefix`)."""
+    def cached_prefix(self, prompt_ids: list[int], min_prefix: int = MIN_PREFIX, salt: str | None = None) -> int:
+        """Return the longest prefix of `prompt_ids` that a slot's KV holds for requests of `salt` and `take` can
+        give it: any slot's where prefixes are copied, else a free slot's (0 below `min_prefix`)."""
         with self._lock:
-            _, shared = self._longest_prefix(prompt_ids, range(self.slots) if self.copies_prefixes else self._free)
+            _, shared = self._longest_prefix(prompt_ids, range(self.slots) if self.copies_prefixes else self._free,
+                                             salt)
         return shared if shared >= min_prefix else 0
 
-    def _longest_prefix(self, prompt_ids: list[int], slots) -> tuple[int | None, int]:
-        """Return (the slot, tokens) of the longest prefix of `prompt_ids` whose KV one of `slots` holds: a free
-        slot's kept prefix, or a running request's context (its positions never change while it runs); the
-        first such slot among equals, (None, 0) where none shares a token. Call with the lock held."""
+    def _shared(self, slot: int, prompt_ids: list[int], salt: str | None) -> int:
+        """Return how many leading tokens of `prompt_ids` slot `slot` holds for requests of `salt` (0: another
+        salt's tokens). Call with the lock held."""
+        cache = self._caches[slot]
+        return common_prefix(self._reusable_ids(cache), prompt_ids) if cache.salt == salt else 0
+
+    def _longest_prefix(self, prompt_ids: list[int], slots, salt: str | None = None) -> tuple[int | None, int]:
+        """Return (the slot, tokens) of the longest prefix of `prompt_ids` whose KV one of `slots` holds for
+        requests of `salt`: a free slot's kept prefix, or a running request's context (its positions never change
+        while it runs); the first such slot among equals, (None, 0) where none shares a token. Call with the lock
+        held."""
         best, shared = None, 0
         for slot in slots:
-            common = common_prefix(self._reusable_ids(self._caches[slot]), prompt_ids)
+            common = self._shared(slot, prompt_ids, salt)
             if common > shared:
                 best, shared = slot, common
         return best, shared
 
-    def _lowest_near(self, prompt_ids: list[int], free: list[int], at_least: int) -> tuple[int, int]:
+    def _lowest_near(self, prompt_ids: list[int], free: list[int], at_least: int,
+                     salt: str | None = None) -> tuple[int, int]:
         """Return (the lowest of `free` (sorted) holding `at_least` tokens of the prompt's prefix, those tokens).
         Prompts that share a system prompt land on slots whose kept prefixes differ by a word or two: the longest
         one would scatter a light load over the window, and every batched call spans from its lowest running slot
         to its highest. Call with the lock held."""
         for slot in free:
-            common = common_prefix(self._reusable_ids(self._caches[slot]), prompt_ids)
+            common = self._shared(slot, prompt_ids, salt)
             if common >= at_least:
                 return slot, common
         raise AssertionError("the longest prefix's slot is among them")
@@ -177,7 +187,7 @@ class SlotArena:
             return sum(1 for s in self._free if s < window)
 
     def take(self, prompt_ids: list[int] | None = None, min_prefix: int = MIN_PREFIX,
-             window: int | None = None) -> SlotCache | None:
+             window: int | None = None, salt: str | None = None) -> SlotCache | None:
         """Return a free slot's cache among slots 0..window-1 (None: all), or None when all of those are held.
 
         Without `prompt_ids` (or no slot sharing `min_prefix` tokens with it), the lowest free slot,
@@ -187,18 +197,18 @@ class SlotArena:
         holds more. Only positions a fresh prefill computes alike count (`exact_prefixes`).
         Where a running request's context (or a free slot's outside the window) shares `min_prefix` more
         tokens (a system prompt or a document many requests start with), those positions are copied into the
-        free slot instead of prefilled (on the CPU).
+        free slot instead of prefilled (on the CPU). Only tokens held for requests of `salt` count.
         """
         window = self.slots if window is None else window
         with self._lock:
             free = sorted(s for s in self._free if s < window)
             if not free:
                 return None
-            best, shared = self._longest_prefix(prompt_ids, free) if prompt_ids else (None, 0)
+            best, shared = self._longest_prefix(prompt_ids, free, salt) if prompt_ids else (None, 0)
             if shared >= min_prefix:
-                best, shared = self._lowest_near(prompt_ids, free, max(min_prefix, shared - NEAR_PREFIX))
+                best, shared = self._lowest_near(prompt_ids, free, max(min_prefix, shared - NEAR_PREFIX), salt)
             # Copied from: a running request's context, or what a free slot outside the window kept.
-            source, copied = (self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s not in free])
+            source, copied = (self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s not in free], salt)
                               if prompt_ids and self.copies_prefixes else (None, 0))
             empty = [s for s in free if not self._reusable_ids(self._caches[s])]
             # Reusing under half the prompt (a shared system prompt) would cut a longer cached context short:
@@ -217,7 +227,7 @@ class SlotArena:
             self._free.remove(best)
             heapq.heapify(self._free)
         cache = self._caches[best]
-        cache.kept_ids = ()  # from now on its positions are the new request's
+        cache.kept_ids, cache.salt = (), salt  # from now on its positions are the new request's
         if not shared and source is not None and copied >= min_prefix:
             shared = self._copy_prefix(source, best, self._start(prompt_ids, copied))
         shared = self._start(prompt_ids, shared) if shared else 0
@@ -232,7 +242,8 @@ class SlotArena:
         if not self.copies_prefixes:
             return 0
         with self._lock:
-            source, shared = self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s != cache.slot])
+            source, shared = self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s != cache.slot],
+                                                  cache.salt)
         start = self._start(prompt_ids, shared)
         held = cache.length
         if source is None or start < held + min_prefix:
@@ -319,8 +330,9 @@ class SlotArena:
         if need < 1:
             return False
         head = kept[:need]
-        return not any(other != slot and tuple(self._reusable_ids(self._caches[other])[:need]) == head
-                       for other in range(self.slots))
+        salt = self._caches[slot].salt
+        return not any(other != slot and self._caches[other].salt == salt
+                       and tuple(self._reusable_ids(self._caches[other])[:need]) == head for other in range(self.slots))
 
     def _stash(self, slot: int, window: int, shared: int, min_prefix: int, keep: int | None = None) -> None:
         """Before a request that reuses `shared` of its tokens overwrites free slot `slot`, copy the prefix the
@@ -342,7 +354,7 @@ class SlotArena:
         if self._reusable_ids(held) and held.released > victim.released:
             return  # every spare keeps a prefix given back more recently than this one
         self._copy_positions(slot, spare, kept)
-        held.kept_ids, held.released, held.exact = victim.kept_ids, victim.released, victim.exact
+        held.kept_ids, held.released, held.exact, held.salt = victim.kept_ids, victim.released, victim.exact, victim.salt
         self.prefix_stashes += 1
 
     def ragged_rows(self, fed: dict[int, tuple[KVCache, list[int]]]
@@ -359,16 +371,17 @@ class SlotArena:
             lengths.append(self.idle_length(slot) if cache is None else cache.length)
         return caches, rows, lengths
 
-    def cache_at(self, slot: int, prompt_ids: list[int], min_prefix: int = MIN_PREFIX) -> SlotCache:
-        """Return slot `slot`'s cache for a request of `prompt_ids`, for a second model whose slots follow the
-        target's (the draft). With the prefix cache it holds the longest prefix of the prompt that it kept or
-        (`min_prefix` tokens more) another slot holds, copied; else it is empty."""
+    def cache_at(self, slot: int, prompt_ids: list[int], min_prefix: int = MIN_PREFIX,
+                 salt: str | None = None) -> SlotCache:
+        """Return slot `slot`'s cache for a request of `prompt_ids` (and `salt`), for a second model whose slots
+        follow the target's (the draft). With the prefix cache it holds the longest prefix of the prompt that it
+        kept or (`min_prefix` tokens more) another slot holds for requests of `salt`, copied; else it is empty."""
         cache = self._caches[slot]
-        shared = min(common_prefix(cache.kept_ids, prompt_ids), len(prompt_ids) - 1)
-        cache.kept_ids = ()
+        shared = min(common_prefix(cache.kept_ids, prompt_ids) if cache.salt == salt else 0, len(prompt_ids) - 1)
+        cache.kept_ids, cache.salt = (), salt
         if self.keep_prefixes and self.copies_prefixes:
             with self._lock:
-                source, copied = self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s != slot])
+                source, copied = self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s != slot], salt)
             if source is not None and copied >= shared + min_prefix:
                 shared = self._copy_prefix(source, slot, min(copied, len(prompt_ids) - 1))
         cache.token_ids = list(prompt_ids[:shared]) if self.keep_prefixes else []

@@ -382,6 +382,7 @@ def _generation_config(state: ServerState, body: Any, ids: list[int], param: str
         logprobs=body.alternatives(chat),
         prediction=body.prediction.text() or None if body.prediction is not None else None,
         grammar=_grammar(body, tools),
+        cache_salt=body.cache_salt,
     )
     try:
         engine.checked_prompt(ids, generation)  # settings, grammar, and token ids against the vocabulary

@@ -100,6 +100,9 @@ class _Common(BaseModel):
     drafter: Literal["auto", "model", "ngram", "none", "eagle", "ngram+model", "ngram+eagle"] | None = None
     specdec_stats: StrictBool | None = None  # include this request's speculative stats
     specdec_tokens: StrictBool | None = None  # stream each token's text and how it came (the page at /)
+    # vLLM's: the prefix cache reuses KV only between requests of the same salt (tenants that must not time each
+    # other's prompts); checked by GenerationConfig (1 to 256 characters)
+    cache_salt: StrictStr | None = None
     # OpenAI fields specdec refuses unless they hold their neutral value (see unsupported())
     # Same shape as the vLLM block below by design: pydantic reads the request schema from one declaration per field.
     n: StrictInt | None = None

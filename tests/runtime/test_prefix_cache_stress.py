@@ -498,6 +498,33 @@ def test_an_idle_engine_reprefills_a_reply_of_1_token_steps_so_the_next_turn_reu
         assert np.array_equal(got.top_values, expected.top_values), reprefill
 
 
+def test_the_prefix_cache_reuses_a_prompt_only_for_requests_of_the_same_cache_salt(long_engine):
+    """cache_salt namespaces the prefix cache (vLLM's field): a prompt a request of salt "a" left in a slot, or is
+    still running, is reused by "a" and by nobody else (another salt, or none); the output never changes."""
+    rng = np.random.default_rng(5)
+    prompt = _tokens(rng, 80)
+    batch = BatchEngine(long_engine, max_batch=4, kv_capacity=POSITIONS)
+    try:
+        def run(salt, tokens=prompt):
+            start = batch.prefix_tokens_reused
+            result = batch.generate(tokens, GenerationConfig(max_new_tokens=4, drafter="none", cache_salt=salt))
+            return batch.prefix_tokens_reused - start, result.token_ids
+
+        first, expected = run("a")
+        others = [run(salt) for salt in ("b", None, "b")]
+        again = run("a")
+        running = batch.stream(prompt + _tokens(rng, 3), GenerationConfig(max_new_tokens=200, drafter="none",
+                                                                        cache_salt="c"))
+        next(iter(running))  # "c" holds its prompt while it runs: a copy source for "c" only
+        beside = [run(salt, prompt + _tokens(rng, 2)) for salt in ("d", "c")]
+        running.cancel()
+    finally:
+        batch.shutdown()
+    assert first == 0 and [r for r, _ in others] == [0, 0, 78] and again[0] >= 78, (first, others, again)
+    assert all(tokens == expected for _, tokens in [*others, again])
+    assert beside[0][0] == 0 and beside[1][0] >= 78, beside
+
+
 def _exact_frontier(batch: BatchEngine, prompt: list[int]) -> int:
     """Return how many leading positions the slot that ran `prompt` keeps for reuse (SlotCache.exact)."""
     caches = [c for c in batch.arena._caches if tuple(c.kept_ids[:len(prompt)]) == tuple(prompt)]

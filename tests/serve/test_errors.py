@@ -55,6 +55,8 @@ CASES = [
     ("five stop strings", CHAT, {"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ("bad K", CHAT, {"messages": USER, "num_draft_tokens": 0}, 400, None),
     ("bad drafter", CHAT, {"messages": USER, "drafter": "oracle"}, 400, "drafter"),
+    ("empty cache_salt", CHAT, {"messages": USER, "cache_salt": ""}, 400, "cache_salt"),
+    ("cache_salt not a string", CHAT, {"messages": USER, "cache_salt": 7}, 400, "cache_salt"),
     ("over-long prompt ids", COMPLETIONS, {"prompt": [5] * 600}, 400, "prompt"),
     ("over-long prompt text", COMPLETIONS, {"prompt": "word " * 2000}, 400, "prompt"),
     ("token id out of vocabulary", COMPLETIONS, {"prompt": [10**6]}, 400, "prompt"),

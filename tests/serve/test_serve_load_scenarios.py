@@ -108,6 +108,9 @@ def test_turn_two_sends_the_streamed_answer_and_a_follow_up_to_every_server(fake
         assert question["role"] == "user" and question["content"] in FOLLOW_UPS
     assert len({json.dumps(m) for m in seconds}) == 3  # both servers got the same three conversations
     assert all("drafter" not in body for body in chats if "ignore_eos" in body)
+    # specdec gets each decoding's own prefix-cache namespace; the plain server only OpenAI's fields
+    assert {body.get("cache_salt") for body in chats if "drafter" in body} == {"decoding-none"}
+    assert not any("cache_salt" in body for body in chats if "drafter" not in body)
     assert "| spec | 2 | target-only | 2 | 3 | 30 |" in table
     assert spec["ttft_parts_ms"]["sum"] > 0 and plain["ttft_parts_ms"] == {}  # /metrics read for specdec only
     assert "| spec | 2 | target-only | 1.0 |" in table and "| plain | 2 | target-only | 1.0 |" not in table
