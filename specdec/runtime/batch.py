@@ -111,6 +111,7 @@ class BatchEngine(SlotAdmission, BatchStep, IdleReprefill):
         self.reprefill_when_idle = reprefill_when_idle
         self.reprefilled_tokens = 0  # kept positions computed again while idle, for the next turn to reuse
         self._idle_since: float | None = None  # when the scheduler last found no work (None: it has some)
+        self._idle_due = False  # _wait_for_work returned for idle work, not for a request
         self._waiting: deque[BatchRequest] = deque()
         self._prefilling: list[BatchRequest] = []  # holding slots, their prompts prefilled chunk by chunk, oldest first
         self._running: list[BatchRequest] = []
@@ -273,8 +274,10 @@ class BatchEngine(SlotAdmission, BatchStep, IdleReprefill):
         """Between steps admit waiting requests and plan this step's prompt chunks (batch_admission.py), then run
         one step (batch_step.py), until the engine stops."""
         while self._wait_for_work():
-            if self._is_idle():  # woken for idle work (batch_idle.py)
-                self._reprefill_piece()
+            if self._idle_due:  # woken for idle work (batch_idle.py); a request that came meanwhile is seen next turn
+                self._idle_due = False
+                if self._is_idle():
+                    self._reprefill_piece()
                 continue
             self._admit()
             self._reap_cancelled()

@@ -40,6 +40,7 @@ class SlotAdmission:
             while not self._stopping and not self._waiting and not self._running and not self._prefilling:
                 wait = self._idle_wait()
                 if wait == 0:
+                    self._idle_due = True
                     return True
                 self._wake.wait(wait)
             if self._stopping:

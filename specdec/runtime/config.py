@@ -23,7 +23,8 @@ AUTO_K_CAP, AUTO_K_CAP_PREDICTION = 16, MAX_DRAFT_TOKENS
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """One request's settings; every field has the CLI flag of the same name."""
+    """One request's settings; every field but cache_salt (the batch engine's prefix cache, which one `specdec
+    generate` has none of) has the CLI flag of the same name."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0  # 0: greedy

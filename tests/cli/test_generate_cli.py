@@ -118,6 +118,8 @@ def test_every_generation_setting_has_a_flag_with_the_same_default():
 
     params = {param.name: param for param in main.commands["generate"].params}
     for field in dataclasses.fields(GenerationConfig):
+        if field.name == "cache_salt":  # the batch engine's prefix cache (specdec serve); one generation has none
+            continue
         assert field.name in params, f"GenerationConfig.{field.name} has no generate flag"
         param = params[field.name]
         default = param.default
