@@ -197,7 +197,9 @@ class SlotArena:
         holds more. Only positions a fresh prefill computes alike count (`exact_prefixes`).
         Where a running request's context (or a free slot's outside the window) shares `min_prefix` more
         tokens (a system prompt or a document many requests start with), those positions are copied into the
-        free slot instead of prefilled (on the CPU). Only tokens held for requests of `salt` count.
+        free slot instead of prefilled (on the CPU). On the CPU, a prompt that shares a head with what a free slot above
+        the lowest keeps (a system prompt, not its own earlier turn) takes a lower free slot and a copy of the head.
+        Only tokens held for requests of `salt` count.
         """
         window = self.slots if window is None else window
         with self._lock:
@@ -211,9 +213,17 @@ class SlotArena:
             source, copied = (self._longest_prefix(prompt_ids, [s for s in range(self.slots) if s not in free], salt)
                               if prompt_ids and self.copies_prefixes else (None, 0))
             empty = [s for s in free if not self._reusable_ids(self._caches[s])]
+            if (self.copies_prefixes and best is not None and best != free[0] and min_prefix <= shared
+                    and len(self._reusable_ids(self._caches[best])) > shared and copied < shared + min_prefix):
+                # A head the prompt shares with another prompt (a system prompt), kept in a higher slot: a lower free
+                # one (empty if one is) takes a copy of it, and either way one kept prompt is overwritten. Other
+                # prompts (another cache_salt's) may keep the slots between, and a light load spread over them
+                # would widen every batched call.
+                lower = min((s for s in free if s < best), key=lambda s: (s not in empty, s))
+                source, copied, shared, best = best, shared, 0, lower
             # Reusing under half the prompt (a shared system prompt) would cut a longer cached context short:
             # an empty slot costs only those few tokens' prefill (or their copy).
-            if best is None or shared < min_prefix or copied >= shared + min_prefix or (
+            elif best is None or shared < min_prefix or copied >= shared + min_prefix or (
                     empty and 2 * shared < len(prompt_ids) and len(self._reusable_ids(self._caches[best])) > shared):
                 shared = 0
                 # Keep the cached prefixes most likely to be asked for again: an empty slot, else one whose

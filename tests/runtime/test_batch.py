@@ -942,6 +942,28 @@ def test_prompts_sharing_a_system_prompt_take_the_lowest_slot_that_holds_about_a
     assert arena.take(kept[5] + [70, 71]).slot == 5
 
 
+def test_a_prompt_sharing_a_system_prompt_with_a_higher_slot_copies_it_into_a_lower_free_one(engine):
+    """Slots 0 and 1 keep another cache_salt's prompts, slot 2 a prompt of the same salt and system prompt: the new
+    prompt takes slot 0 with a copy of the system prompt's KV (slot 2 keeps its prompt), so a light load of two salts
+    does not spread over the slots (target-only at 4 clients ran at half speed beside another salt's requests). A
+    prompt that continues slot 2's own tokens stays there."""
+    from specdec.runtime.slots import SlotArena
+
+    rng = np.random.default_rng(2)
+    system = list(range(100, 130))
+    arena = SlotArena(engine.target, 3, 96, keep_prefixes=True)
+    caches = [arena.take(salt=salt) for salt in ("b", "b", "a")]
+    rows = {}
+    for slot, ids in ((0, [7] + system[1:] + [40, 41]), (1, [8] + system[1:] + [42]), (2, system + [50, 51, 52])):
+        rows[slot] = _filled(arena, caches[slot], ids, rng)
+        arena.give(caches[slot])
+    taken = arena.take(system + [60, 61, 62], salt="a")
+    assert taken.slot == 0 and taken.length >= 16
+    assert np.array_equal(arena.host_buffers[0][0, :, :taken.length], rows[2][:, :taken.length])
+    assert arena._caches[2].kept_ids == tuple(system + [50, 51, 52]) and arena.prefix_copies == 1
+    assert arena.take(system + [50, 51, 52, 53, 54], salt="a").slot == 2  # its own earlier turn: kept in place
+
+
 def test_the_slot_window_follows_the_load_between_the_ragged_rows_and_all_slots(engine):
     rows = engine.target.spec.ragged_rows
     batch = BatchEngine(engine, max_batch=2 * rows, kv_capacity=64)
