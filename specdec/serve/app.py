@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -423,28 +424,39 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
     generation_config = await asyncio.to_thread(_generation_config, state, body, ids, param, chat, tools)
     deadline = arrival + config.request_timeout
     metrics, model = state.metrics, config.served_model_name
+    choice_configs = _choice_configs(generation_config, body)
+    if len(choice_configs) > state.admission.max_running:  # its choices hold their places until the response ends
+        raise APIError(400, f"n={len(choice_configs)} is more than the {state.admission.max_running} generations this "
+                            "server runs at once (--max-batch, --max-concurrency)", param="n")
+    runs: list[_Run] = []  # one a choice, each admitted and started in turn
     run: _Run | None = None
+    waited = 0.0
     try:
-        waited = await _admit_unless_gone(state, request, deadline)
-        run = _Run(state, ids, generation_config, arrival, deadline, tokens=bool(body.specdec_tokens and body.stream))
-        waited += await _start_unless_gone(run, request, deadline)  # a batch engine's own queue
+        async with state.admission.taking(len(choice_configs)):
+            for choice_config in choice_configs:
+                run = None
+                waited += await _admit_unless_gone(state, request, deadline)
+                run = _Run(state, ids, choice_config, arrival, deadline,
+                           tokens=bool(body.specdec_tokens and body.stream))
+                runs.append(run)
+                waited += await _start_unless_gone(run, request, deadline)  # a batch engine's own queue
     except ClientGone:  # left while queued: dropped before its prefill, nobody to answer
-        if run is not None:
-            run.close("disconnect_queued")
-        else:
+        _close_all(runs, "disconnect_queued")
+        if run is None:
             metrics.cancelled.labels(model, "disconnect_queued").inc()
         return Response(status_code=499)
     except Overloaded as err:
+        _close_all(runs, "overloaded")
         metrics.rejected.labels(model, "overloaded").inc()
         raise APIError(429, str(err), type="rate_limit_exceeded", code="server_overloaded",
                        headers={"Retry-After": str(err.retry_after)}) from None
     except Draining:
+        _close_all(runs, "draining")
         metrics.rejected.labels(model, "draining").inc()
         raise APIError(503, "server is shutting down", type="server_error", code="draining") from None
     except QueueTimeout:
-        if run is not None:
-            run.close("deadline")
-        else:
+        _close_all(runs, "deadline")
+        if run is None:
             metrics.cancelled.labels(model, "deadline").inc()
         raise APIError(504, f"request deadline of {config.request_timeout:g} s passed while queued",
                        type="timeout_error", code="deadline_exceeded") from None
@@ -454,24 +466,54 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
     want_stats = body.specdec_stats if body.specdec_stats is not None else config.stats_in_response
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _StreamResponse(_sse(run, chat, include_usage, want_stats, tools), run.close, config.write_timeout,
+        return _StreamResponse(_sse(runs, chat, include_usage, want_stats, tools),
+                               lambda reason: _close_all(runs, reason), config.write_timeout,
                                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    watcher = asyncio.create_task(_watch_disconnect(request, run))
+    watcher = asyncio.create_task(_watch_disconnect(request, runs))
     try:
-        result = await run.result()
+        outcomes = await asyncio.gather(*(run.result() for run in runs), return_exceptions=True)
     finally:
         watcher.cancel()
-        run.close("disconnect")
+        _close_all(runs, "disconnect")
+    failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+    if failed is not None:
+        raise failed
+    choices = [_choice(run, result, index, chat, tools) for index, (run, result) in enumerate(zip(runs, outcomes))]
+    extra = None
+    if want_stats:
+        extra = {"specdec": _stats(outcomes[0]) if len(outcomes) == 1 else [_stats(r) for r in outcomes]}
+    usage = protocol.total_usage([run.usage(result) for run, result in zip(runs, outcomes)])
+    return JSONResponse(protocol.completion_response(
+        chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, choices, usage, extra))
+
+
+def _choice_configs(config: GenerationConfig, body: Any) -> list[GenerationConfig]:
+    """Return each of the request's n choices' settings: choice i sampled from seed + i where the client set a
+    seed (the same answers again), else from a seed of its own."""
+    n = body.n or 1
+    if n == 1:
+        return [config]
+    return [dataclasses.replace(config, seed=(body.seed + i) % 2 ** 63 if body.seed is not None
+                                else secrets.randbits(31)) for i in range(n)]
+
+
+def _choice(run: "_Run", result: GenerationResult, index: int, chat: bool,
+            tools: structured.ToolPlan | None) -> dict[str, Any]:
+    """Return choice `index` of a non-streamed body: the answer's text, or the calls it makes."""
     text = result.text
-    extra = {"specdec": _stats(result)} if want_stats else None
     calls = structured.parse_calls(text, tools) if tools is not None else None
     finish = "tool_calls" if calls else protocol.FINISH_REASONS.get(result.finish_reason, "stop")
     if calls is None and tools is not None and tools.constrained:
         calls = structured.begun_calls(text)  # cut by max_tokens: as far as they went, as the stream sends them
-    return JSONResponse(protocol.completion_response(
-        chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, text, finish, run.usage(result), extra,
-        run.choice_logprobs(run.logprob_entries[:len(result.token_ids)], chat),
-        [call.as_openai() for call in calls] if calls else None))
+    return protocol.response_choice(chat, index, text, finish,
+                                    run.choice_logprobs(run.logprob_entries[:len(result.token_ids)], chat),
+                                    [call.as_openai() for call in calls] if calls else None)
+
+
+def _close_all(runs: list["_Run"], reason: str) -> None:
+    """End every choice's run (each frees its slot once; a finished one only that)."""
+    for run in runs:
+        run.close(reason)
 
 
 class ClientGone(Exception):
@@ -644,10 +686,11 @@ class _Run:
         self.state.update_load()
 
 
-async def _watch_disconnect(request: Request, run: _Run) -> None:
-    """Cancel a non-streamed request's generation when its client goes away."""
+async def _watch_disconnect(request: Request, runs: list[_Run]) -> None:
+    """Cancel a non-streamed request's generations when its client goes away."""
     await _disconnected(request)
-    run.generation.cancel("disconnect")
+    for run in runs:
+        run.generation.cancel("disconnect")
 
 
 def _stats(result: GenerationResult) -> dict[str, Any]:
@@ -656,81 +699,128 @@ def _stats(result: GenerationResult) -> dict[str, Any]:
     return data
 
 
-def _sse(run: _Run, chat: bool, include_usage: bool, want_stats: bool,
+def _sse(runs: list[_Run], chat: bool, include_usage: bool, want_stats: bool,
          tools: structured.ToolPlan | None = None) -> AsyncIterator[str]:
     async def stream() -> AsyncIterator[str]:
         id_ = protocol.new_id("chatcmpl" if chat else "cmpl")
-        created, model = int(time.time()), run.model
-        if chat:
-            yield _data(protocol.chunk(chat, id_, created, model, role=True))
-        usage = None
-        pending: list[logprobs_format.TokenEntry] = []  # logprobs ride the text chunk that holds their tokens
-        sent = 0  # logprob entries sent so far
-        covers = 0  # tokens the text so far holds
-        # Text that may turn out to be tool calls is held back: under "auto" until its first characters say it
-        # is text, or it ends as calls. A required call streams as calls as soon as its name is whole.
-        held, holding = "", tools is not None
-        calls_stream = structured.CallStream() if tools is not None and tools.constrained else None
+        created, model = int(time.time()), runs[0].model
+        usages: list[dict[str, Any] | None] = [None] * len(runs)  # each choice's, once it has finished
+        choices = [_choice_chunks(run, index, chat, id_, created, want_stats, tools, usages)
+                   for index, run in enumerate(runs)]
         try:
-            async for kind, value in run.events():
-                if kind == "piece":
-                    if holding:
-                        held += value
-                        if calls_stream is not None:
-                            deltas = calls_stream.deltas(held)
-                            if deltas:
-                                yield _data(protocol.chunk(chat, id_, created, model, tool_calls=deltas,
-                                                           logprobs=run.choice_logprobs(pending, chat)))
-                                sent, pending = sent + len(pending), []
-                            continue
-                        holding = structured.may_be_calls(held)
-                        if holding:
-                            continue
-                        value, held = held, ""
-                    count = min(max(covers - sent, 0), len(pending))
-                    yield _data(protocol.chunk(chat, id_, created, model, text=value,
-                                               logprobs=run.choice_logprobs(pending[:count], chat)))
-                    sent, pending = sent + count, pending[count:]
-                    continue
-                if kind == "tokens":  # asked for with specdec_tokens: an empty delta carrying them
-                    yield _data(protocol.chunk(chat, id_, created, model, extra={"specdec_tokens": value}))
-                    continue
-                if kind == "logprobs":
-                    pending.extend(value)
-                    continue
-                if kind == "covers":
-                    covers = value
-                    continue
-                result = run._final(kind, value)
-                usage = run.usage(result)
-                extra = {"specdec": _stats(result)} if want_stats else None
-                pending = pending[:max(len(result.token_ids) - sent, 0)]  # none past a stop string
-                logprobs = run.choice_logprobs(pending, chat) if pending else None
-                calls = structured.parse_calls(result.text, tools) if holding else None
-                rest = calls_stream.deltas(result.text) if calls_stream is not None else []
-                last: dict[str, Any] | None = None  # the chunk before the finish, if one is due
-                if calls_stream is not None and calls_stream.started:
-                    # the calls' last text; a call cut by max_tokens stays cut, as its finish reason says
-                    last = {"tool_calls": rest} if rest else None
-                elif calls:  # one delta with every call whole: what the openai client's stream assembler reads
-                    last = {"tool_calls": [call.as_openai(i) for i, call in enumerate(calls)]}
-                elif held:
-                    last = {"text": held}
-                if last is not None:
-                    yield _data(protocol.chunk(chat, id_, created, model, logprobs=logprobs, **last))
-                finish = "tool_calls" if calls else protocol.FINISH_REASONS.get(result.finish_reason, "stop")
-                yield _data(protocol.chunk(chat, id_, created, model, finish=finish, extra=extra,
-                                           logprobs=None if last is not None else logprobs))
+            async for chunk in _merged(choices):
+                yield _data(chunk)
         except APIError as err:  # the status line is gone: the error travels as an event, as vLLM does
             yield _data(err.body())
             yield "data: [DONE]\n\n"
             return
         if include_usage:
-            yield _data(protocol.chunk(chat, id_, created, model,
-                                       usage_=usage or protocol.usage(run.prompt_tokens, 0)))
+            yield _data(protocol.chunk(chat, id_, created, model, usage_=protocol.total_usage(
+                [usage or protocol.usage(run.prompt_tokens, 0) for usage, run in zip(usages, runs)])))
         yield "data: [DONE]\n\n"
 
     return stream()
+
+
+async def _choice_chunks(run: _Run, index: int, chat: bool, id_: str, created: int, want_stats: bool,
+                         tools: structured.ToolPlan | None, usages: list[dict[str, Any] | None]
+                         ) -> AsyncIterator[dict[str, Any]]:
+    """Yield the stream chunks of choice `index` (its run's events); its usage goes in `usages` at the end."""
+    model = run.model
+
+    def chunk(**fields: Any) -> dict[str, Any]:
+        return protocol.chunk(chat, id_, created, model, index=index, **fields)
+
+    if chat:
+        yield chunk(role=True)
+    pending: list[logprobs_format.TokenEntry] = []  # logprobs ride the text chunk that holds their tokens
+    sent = 0  # logprob entries sent so far
+    covers = 0  # tokens the text so far holds
+    # Text that may turn out to be tool calls is held back: under "auto" until its first characters say it
+    # is text, or it ends as calls. A required call streams as calls as soon as its name is whole.
+    held, holding = "", tools is not None
+    calls_stream = structured.CallStream() if tools is not None and tools.constrained else None
+    async for kind, value in run.events():
+        if kind == "piece":
+            if holding:
+                held += value
+                if calls_stream is not None:
+                    deltas = calls_stream.deltas(held)
+                    if deltas:
+                        yield chunk(tool_calls=deltas, logprobs=run.choice_logprobs(pending, chat))
+                        sent, pending = sent + len(pending), []
+                    continue
+                holding = structured.may_be_calls(held)
+                if holding:
+                    continue
+                value, held = held, ""
+            count = min(max(covers - sent, 0), len(pending))
+            yield chunk(text=value, logprobs=run.choice_logprobs(pending[:count], chat))
+            sent, pending = sent + count, pending[count:]
+            continue
+        if kind == "tokens":  # asked for with specdec_tokens: an empty delta carrying them
+            yield chunk(extra={"specdec_tokens": value})
+            continue
+        if kind == "logprobs":
+            pending.extend(value)
+            continue
+        if kind == "covers":
+            covers = value
+            continue
+        result = run._final(kind, value)
+        usages[index] = run.usage(result)
+        extra = {"specdec": _stats(result)} if want_stats else None
+        pending = pending[:max(len(result.token_ids) - sent, 0)]  # none past a stop string
+        logprobs = run.choice_logprobs(pending, chat) if pending else None
+        calls = structured.parse_calls(result.text, tools) if holding else None
+        rest = calls_stream.deltas(result.text) if calls_stream is not None else []
+        last: dict[str, Any] | None = None  # the chunk before the finish, if one is due
+        if calls_stream is not None and calls_stream.started:
+            # the calls' last text; a call cut by max_tokens stays cut, as its finish reason says
+            last = {"tool_calls": rest} if rest else None
+        elif calls:  # one delta with every call whole: what the openai client's stream assembler reads
+            last = {"tool_calls": [call.as_openai(i) for i, call in enumerate(calls)]}
+        elif held:
+            last = {"text": held}
+        if last is not None:
+            yield chunk(logprobs=logprobs, **last)
+        finish = "tool_calls" if calls else protocol.FINISH_REASONS.get(result.finish_reason, "stop")
+        yield chunk(finish=finish, extra=extra, logprobs=None if last is not None else logprobs)
+
+
+async def _merged(streams: list[AsyncIterator[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
+    """Yield the items of every stream as they come (one stream: in place, no task); the first error ends it."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    ended = object()
+
+    async def pump(stream: AsyncIterator[dict[str, Any]]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((item, None))
+        except Exception as err:  # one choice's APIError ends the response (its runs are closed with it)
+            await queue.put((None, err))
+            return
+        await queue.put((ended, None))
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        left = len(tasks)
+        while left:
+            item, err = await queue.get()
+            if err is not None:
+                raise err
+            if item is ended:
+                left -= 1
+                continue
+            yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _iteration_tokens(iteration, decoder, codec) -> dict[str, Any]:

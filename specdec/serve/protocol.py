@@ -1,7 +1,7 @@
 """OpenAI request bodies (pydantic), the error shape, and the response/chunk builders.
 
 Errors follow OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, as vLLM's
-server does. Fields OpenAI defines but specdec cannot honour (n > 1, audio, ...)
+server does. Fields OpenAI defines but specdec cannot honour (best_of > 1, audio, ...)
 are refused with a 400 naming the field, never silently ignored; fields it does not know
 are ignored, as OpenAI's own clients add new ones over time.
 """
@@ -16,6 +16,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_CHOICES = 16  # n: each choice holds a KV slot and an admission place of its own
 MAX_STOP_LENGTH = 256  # characters per stop string
 MAX_MESSAGES = 512  # chat messages per request
 MAX_LOGIT_BIAS = 300  # logit_bias entries per request
@@ -105,7 +106,8 @@ class _Common(BaseModel):
     cache_salt: StrictStr | None = None
     # OpenAI fields specdec refuses unless they hold their neutral value (see unsupported())
     # Same shape as the vLLM block below by design: pydantic reads the request schema from one declaration per field.
-    n: StrictInt | None = None
+    # n choices: n generations of the prompt (each its own slot; a sampled one seeded seed + i where seed is set)
+    n: StrictInt | None = Field(default=None, ge=1, le=MAX_CHOICES)
     best_of: StrictInt | None = None
     # chat: true/false (with top_logprobs 0..20); completions: the number of alternatives, 0..5
     logprobs: Union[StrictBool, StrictInt, None] = None
@@ -137,7 +139,6 @@ class _Common(BaseModel):
     def unsupported(self) -> tuple[str, str] | None:
         """Return (field, reason) for the first field set to a value specdec cannot serve, else None."""
         checks = [
-            ("n", self.n not in (None, 1), "only n=1 is supported"),
             ("best_of", self.best_of not in (None, 1), "only best_of=1 is supported"),
             ("functions", bool(self.functions), "functions are not supported"),
             ("function_call", self.function_call not in (None, "none", "auto"), "function_call is not supported"),
@@ -258,27 +259,41 @@ def usage(prompt_tokens: int, completion_tokens: int,
     return body
 
 
-def completion_response(chat: bool, id: str, model: str, text: str, finish: str, usage_: dict[str, Any],
-                        extra: dict[str, Any] | None = None, logprobs: dict[str, Any] | None = None,
-                        tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Return a non-streamed chat.completion or text_completion body (`logprobs`: the choice's, OpenAI's shape;
-    `tool_calls`: the calls the answer makes, which replace its text)."""
+def response_choice(chat: bool, index: int, text: str, finish: str, logprobs: dict[str, Any] | None = None,
+                    tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Return one choice of a non-streamed body (`logprobs`: OpenAI's shape; `tool_calls`: the calls the answer
+    makes, which replace its text)."""
     if chat:
         message = ({"role": "assistant", "content": None, "tool_calls": tool_calls} if tool_calls
                    else {"role": "assistant", "content": text})
-        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def completion_response(chat: bool, id: str, model: str, choices: list[dict[str, Any]], usage_: dict[str, Any],
+                        extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return a non-streamed chat.completion or text_completion body of `choices` (response_choice's)."""
     body = {"id": id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": usage_}
+            "model": model, "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices, "usage": usage_}
     return {**body, **(extra or {})}
+
+
+def total_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return the usage of n choices of one prompt: the prompt counted once, their completions summed."""
+    if len(usages) == 1:
+        return usages[0]
+    details = [u["completion_tokens_details"] for u in usages if "completion_tokens_details" in u]
+    predicted = (sum(d["accepted_prediction_tokens"] for d in details),
+                 sum(d["rejected_prediction_tokens"] for d in details)) if details else None
+    return usage(usages[0]["prompt_tokens"], sum(u["completion_tokens"] for u in usages), predicted)
 
 
 def chunk(chat: bool, id: str, created: int, model: str, text: str | None = None, finish: str | None = None,
           role: bool = False, usage_: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
-          logprobs: dict[str, Any] | None = None, tool_calls: list[dict[str, Any]] | None = None) -> dict:
-    """Return one streamed chunk; with `usage_` and no text/finish it is the usage-only last chunk; `tool_calls`
-    (each with its index) go in the delta."""
+          logprobs: dict[str, Any] | None = None, tool_calls: list[dict[str, Any]] | None = None,
+          index: int = 0) -> dict:
+    """Return one streamed chunk of choice `index`; with `usage_` and no text/finish it is the usage-only last
+    chunk; `tool_calls` (each with its index) go in the delta."""
     if usage_ is not None and text is None and finish is None and tool_calls is None:
         choices: list[dict] = []
     elif chat:
@@ -287,9 +302,9 @@ def chunk(chat: bool, id: str, created: int, model: str, text: str | None = None
             delta["content"] = text
         if tool_calls:
             delta["tool_calls"] = tool_calls
-        choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+        choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
     else:
-        choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
+        choices = [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
     body = {"id": id, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
             "model": model, "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
     if usage_ is not None:

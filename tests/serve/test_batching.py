@@ -100,3 +100,25 @@ def test_on_a_gpu_whose_batch_engine_fails_the_server_starts_without_it(serve_en
     state = ServerState(ServeConfig(artifact=str(serve_artifact), max_batch=8), serve_engine)
     assert state.batch is None and state.generator is serve_engine and state.admission.max_running == 8
     assert "no batch engine on cuda (" in caplog.text
+
+
+def test_n_choices_beyond_the_batch_slots_stream_and_finish_each_from_its_own_seed(serve_engine, serve_artifact):
+    """n=5 on 2 KV slots: the later choices wait in the batch engine's queue and take the slots the earlier ones
+    free (as their generations end, while the response still streams); each choice is the engine's answer at
+    seed 11 + i, whole and streamed."""
+    prompt = "one, two, three, one, two,"
+    settings = {"max_tokens": 10, "temperature": 1.0, "seed": 11, "n": 5, "num_draft_tokens": 2}
+    expected = [serve_engine.generate(prompt, GenerationConfig(max_new_tokens=10, temperature=1.0, seed=11 + i,
+                                                               num_draft_tokens=2)).text for i in range(5)]
+    with live_server(serve_engine, serve_artifact, max_batch=2, kv_capacity=128) as server:
+        body = {"model": MODEL, "prompt": prompt, **settings}
+        whole = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
+        assert [c["text"] for c in sorted(whole["choices"], key=lambda c: c["index"])] == expected
+        texts = [""] * 5
+        with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=120) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    for choice in json.loads(line[6:])["choices"]:
+                        texts[choice["index"]] += choice["text"]
+        assert texts == expected
+        assert server.state.batch.arena.used == 0

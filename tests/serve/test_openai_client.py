@@ -90,6 +90,50 @@ def test_sampling_with_a_seed_repeats_and_stop_strings_cut(server, serve_engine)
     assert cut.choices[0].text == full[:full.index(stop)] and cut.choices[0].finish_reason == "stop"
 
 
+def test_n_choices_are_seed_plus_i_samples_streamed_or_not_with_the_prompt_counted_once(server, serve_engine):
+    """n=2 with seed 7: choice i is the engine's answer at seed 7 + i; the stream carries the same texts by index,
+    a finish each, and the same usage once. n over the server's 2 concurrent generations gets a 400: its choices
+    keep their places until the response ends, so it could never hold them all."""
+    client = _client(server)
+    settings = dict(max_tokens=16, temperature=0.9, top_p=0.95, seed=7, n=2)
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, extra_body={"num_draft_tokens": 3}, **settings)
+    texts = [choice.text for choice in sorted(whole.choices, key=lambda c: c.index)]
+    assert [c.index for c in whole.choices] == [0, 1]
+    expected = [serve_engine.generate(PROMPT, GenerationConfig(max_new_tokens=16, temperature=0.9, top_p=0.95,
+                                                               seed=7 + i, num_draft_tokens=3))
+                for i in range(2)]
+    assert texts == [r.text for r in expected] and len(set(texts)) > 1
+    prompt_tokens = len(serve_engine.codec.encode(PROMPT))
+    assert whole.usage.prompt_tokens == prompt_tokens
+    assert whole.usage.completion_tokens == sum(len(r.token_ids) for r in expected)
+
+    streamed, finishes, usages = ["", ""], [[], []], []
+    for chunk in client.completions.create(model=MODEL, prompt=PROMPT, stream=True,
+                                           stream_options={"include_usage": True},
+                                           extra_body={"num_draft_tokens": 3}, **settings):
+        if chunk.usage is not None:
+            usages.append(chunk.usage)
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+            if choice.finish_reason:
+                finishes[choice.index].append(choice.finish_reason)
+    assert streamed == texts and all(len(f) == 1 for f in finishes)
+    assert len(usages) == 1 and usages[0].completion_tokens == whole.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError, match="n=3 is more than the 2 generations"):
+        client.completions.create(model=MODEL, prompt=PROMPT, **{**settings, "n": 3})
+
+
+def test_greedy_n_choices_are_each_the_greedy_answer(server):
+    client = _client(server)
+    messages = [{"role": "user", "content": PROMPT}]
+    one = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+    two = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0, n=2,
+                                         logprobs=True)
+    assert [c.message.content for c in two.choices] == [one.choices[0].message.content] * 2
+    assert all("".join(t.token for t in c.logprobs.content) == c.message.content for c in two.choices)
+    assert two.usage.completion_tokens == 2 * one.usage.completion_tokens
+
+
 def test_speculative_counters_move_under_vllm_and_llamacpp_names(server):
     before = {n: server.metric(n) for n in ("vllm:spec_decode_num_drafts_total",
                                             "vllm:spec_decode_num_draft_tokens_total",
