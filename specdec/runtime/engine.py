@@ -21,9 +21,11 @@ from specdec.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec.runtime.eagle import EagleDrafter, EagleHead
 from specdec.runtime.grammar import CompiledGrammar, GrammarSpec, compile_grammar, grammar_tokenizer
 from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs
 from specdec.runtime.loop import MAX_DRAFT_ROOM, DecodeRequest, DecodeState, Iteration, decode
 from specdec.runtime.phrases import PhraseTable
 from specdec.runtime.prediction import PredictionDrafter
+from specdec.runtime.prompt_logprobs import prompt_logprobs
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.providers import shared_pool, shared_pool_threads
 from specdec.runtime.session import ModelSession
@@ -166,6 +168,17 @@ class Engine:
             pass
         assert stream.result is not None
         return stream.result
+
+    def prompt_logprobs(self, prompt: str | list[int], top: int = 0) -> TokenLogprobs:
+        """Return the log-probabilities of the prompt's tokens after its first (and `top` alternatives each), as the
+        target reads them: one target pass over the prompt, no generation (specdec/runtime/prompt_logprobs.py)."""
+        ids = check_token_ids(prompt, self.vocab_size) if isinstance(prompt, list) else self.prompt_ids(prompt)
+        if len(ids) > self.max_positions:
+            raise GenerationError(f"prompt of {len(ids)} tokens is too long for the model's {self.max_positions} "
+                                  "positions")
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise GenerationError(f"top must be in 0..{MAX_TOP_LOGPROBS}, got {top}")
+        return prompt_logprobs(self.target, ids, top)
 
     def stream(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig(),
                on_iteration: Callable[[Iteration], None] | None = None,

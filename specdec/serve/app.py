@@ -246,13 +246,14 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
     async def chat_completions(request: Request) -> Response:
         raw = await request.body()
         body, ids, plan = await asyncio.to_thread(_chat_input, _ready(state), raw)
-        return await _complete(state, request, body, ids, chat=True, param="messages", tools=plan)
+        return await _complete(state, request, body, [ids], chat=True, param="messages", tools=plan)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         raw = await request.body()
-        body, ids = await asyncio.to_thread(_completion_input, _ready(state), raw)
-        return await _complete(state, request, body, ids, chat=False, param="prompt")
+        body, prompts, texts = await asyncio.to_thread(_completion_input, _ready(state), raw)
+        return await _complete(state, request, body, prompts, chat=False, param="prompt",
+                               echoed=texts if body.echo else None)
 
     return app
 
@@ -276,25 +277,27 @@ def _chat_input(engine: Engine, raw: bytes) -> tuple[ChatCompletionRequest, list
     return body, engine.codec.encode(text, add_special_tokens=False), plan
 
 
-def _completion_input(engine: Engine, raw: bytes) -> tuple[CompletionRequest, list[int]]:
-    """Return the parsed completion request and its prompt ids; raise APIError for bad input."""
+def _completion_input(engine: Engine, raw: bytes) -> tuple[CompletionRequest, list[list[int]], list[str]]:
+    """Return the parsed completion request, each prompt's ids and each prompt's text (what `echo` returns: the
+    prompt as sent, or its ids decoded); raise APIError for bad input."""
     body = _parse(CompletionRequest, _json(raw))
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        if len(prompt) != 1:
-            raise APIError(400, "only one prompt per request is supported", param="prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        if not prompt:
-            raise APIError(400, "prompt must not be empty", param="prompt")
-        vocab = engine.manifest.tokenizer.vocab_size
-        if any(not 0 <= token < vocab for token in prompt):
-            raise APIError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
-        return body, list(prompt)
-    ids = engine.codec.encode(prompt)
-    if not ids:
+    prompts = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
+    if not prompts:
         raise APIError(400, "prompt must not be empty", param="prompt")
-    return body, ids
+    if len(prompts) > protocol.MAX_PROMPTS:
+        raise APIError(400, f"at most {protocol.MAX_PROMPTS} prompts per request", param="prompt")
+    vocab = engine.manifest.tokenizer.vocab_size
+    ids, texts = [], []
+    for one in prompts:
+        tokens = engine.codec.encode(one) if isinstance(one, str) else list(one)
+        if not tokens:
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        if any(not 0 <= token < vocab for token in tokens):
+            raise APIError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
+        ids.append(tokens)
+        texts.append(one if isinstance(one, str) else engine.codec.decode(tokens))
+    return body, ids, texts
 
 
 def _load(state: ServerState, on_load_error: Callable[[str], None] | None) -> None:
@@ -412,8 +415,9 @@ def _grammar_field(body: Any) -> str:
     return next((field for field in fields if getattr(body, field, None) is not None), "response_format")
 
 
-async def _complete(state: ServerState, request: Request, body: Any, ids: list[int], chat: bool,
-                    param: str, tools: structured.ToolPlan | None = None) -> Response:
+async def _complete(state: ServerState, request: Request, body: Any, prompts: list[list[int]], chat: bool,
+                    param: str, tools: structured.ToolPlan | None = None,
+                    echoed: list[str] | None = None) -> Response:
     arrival = time.perf_counter()
     config = state.config
     if body.model is not None and body.model != config.served_model_name:
@@ -421,25 +425,33 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
                             f"'{config.served_model_name}'", type="not_found_error", param="model",
                        code="model_not_found")
     # a grammar compiles here (its tokenizer adapter on first use): on a worker thread, like parsing
-    generation_config = await asyncio.to_thread(_generation_config, state, body, ids, param, chat, tools)
+    configs = await asyncio.to_thread(
+        lambda: [_generation_config(state, body, ids, param, chat, tools) for ids in prompts])
+    choices = _choices(configs, body)
+    if len(choices) > state.admission.max_running:  # its choices hold their places until the response ends
+        asked = f"n={body.n or 1}" if len(prompts) == 1 else f"{len(prompts)} prompts x n={body.n or 1}"
+        raise APIError(400, f"{asked} is more than the {state.admission.max_running} generations this server runs at "
+                            "once (--max-batch, --max-concurrency)", param="n" if len(prompts) == 1 else "prompt")
     deadline = arrival + config.request_timeout
     metrics, model = state.metrics, config.served_model_name
-    choice_configs = _choice_configs(generation_config, body)
-    if len(choice_configs) > state.admission.max_running:  # its choices hold their places until the response ends
-        raise APIError(400, f"n={len(choice_configs)} is more than the {state.admission.max_running} generations this "
-                            "server runs at once (--max-batch, --max-concurrency)", param="n")
     runs: list[_Run] = []  # one a choice, each admitted and started in turn
     run: _Run | None = None
     waited = 0.0
     try:
-        async with state.admission.taking(len(choice_configs)):
-            for choice_config in choice_configs:
+        async with state.admission.taking(len(choices)):
+            for prompt_index, choice_config in choices:
                 run = None
                 waited += await _admit_unless_gone(state, request, deadline)
-                run = _Run(state, ids, choice_config, arrival, deadline,
+                run = _Run(state, prompts[prompt_index], choice_config, arrival, deadline,
                            tokens=bool(body.specdec_tokens and body.stream))
                 runs.append(run)
                 waited += await _start_unless_gone(run, request, deadline)  # a batch engine's own queue
+        if echoed is not None:  # each prompt scored once, while its choices generate
+            top = configs[0].logprobs
+            echoes = await asyncio.to_thread(lambda: [_echo(state.engine, ids, text, top)
+                                                      for ids, text in zip(prompts, echoed)])
+            for run, (prompt_index, _) in zip(runs, choices):
+                run.echo(echoes[prompt_index])
     except ClientGone:  # left while queued: dropped before its prefill, nobody to answer
         _close_all(runs, "disconnect_queued")
         if run is None:
@@ -460,13 +472,17 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
             metrics.cancelled.labels(model, "deadline").inc()
         raise APIError(504, f"request deadline of {config.request_timeout:g} s passed while queued",
                        type="timeout_error", code="deadline_exceeded") from None
+    except BaseException:
+        _close_all(runs, "error")
+        raise
+    prompt_tokens = sum(len(ids) for ids in prompts)
     metrics.queue_time.labels(model).observe(waited)
-    metrics.prompt_tokens.labels(model).inc(len(ids))
+    metrics.prompt_tokens.labels(model).inc(prompt_tokens)
     state.update_load()
     want_stats = body.specdec_stats if body.specdec_stats is not None else config.stats_in_response
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _StreamResponse(_sse(runs, chat, include_usage, want_stats, tools),
+        return _StreamResponse(_sse(runs, chat, include_usage, want_stats, tools, prompt_tokens),
                                lambda reason: _close_all(runs, reason), config.write_timeout,
                                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     watcher = asyncio.create_task(_watch_disconnect(request, runs))
@@ -478,35 +494,56 @@ async def _complete(state: ServerState, request: Request, body: Any, ids: list[i
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
         raise failed
-    choices = [_choice(run, result, index, chat, tools) for index, (run, result) in enumerate(zip(runs, outcomes))]
+    bodies = [_choice(run, result, index, chat, tools) for index, (run, result) in enumerate(zip(runs, outcomes))]
     extra = None
     if want_stats:
         extra = {"specdec": _stats(outcomes[0]) if len(outcomes) == 1 else [_stats(r) for r in outcomes]}
-    usage = protocol.total_usage([run.usage(result) for run, result in zip(runs, outcomes)])
+    usage = protocol.total_usage(prompt_tokens, [run.usage(result) for run, result in zip(runs, outcomes)])
     return JSONResponse(protocol.completion_response(
-        chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, choices, usage, extra))
+        chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, bodies, usage, extra))
 
 
-def _choice_configs(config: GenerationConfig, body: Any) -> list[GenerationConfig]:
-    """Return each of the request's n choices' settings: choice i sampled from seed + i where the client set a
-    seed (the same answers again), else from a seed of its own."""
+def _choices(configs: list[GenerationConfig], body: Any) -> list[tuple[int, GenerationConfig]]:
+    """Return (prompt index, settings) of each choice: n per prompt, choice i (i = prompt x n + j) sampled from
+    seed + i where the client set a seed (the same answers again), else from a seed of its own."""
     n = body.n or 1
-    if n == 1:
-        return [config]
-    return [dataclasses.replace(config, seed=(body.seed + i) % 2 ** 63 if body.seed is not None
-                                else secrets.randbits(31)) for i in range(n)]
+    if n == 1 and len(configs) == 1:
+        return [(0, configs[0])]
+    return [(p, dataclasses.replace(config, seed=(body.seed + p * n + j) % 2 ** 63 if body.seed is not None
+                                    else secrets.randbits(31)))
+            for p, config in enumerate(configs) for j in range(n)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Echo:
+    """A completion's prompt ahead of its answer (`echo`): its text, and its tokens' logprobs where asked."""
+
+    text: str
+    logprobs: dict[str, Any] | None  # the legacy completions shape, text offsets from 0
+
+
+def _echo(engine: Engine, prompt_ids: list[int], text: str, top: int | None) -> Echo:
+    """Return the Echo of one prompt: one target pass over it when logprobs are asked (top: their alternatives)."""
+    if top is None:
+        return Echo(text, None)
+    scored = engine.prompt_logprobs(prompt_ids, top)
+    return Echo(text, logprobs_format.completion_logprobs(
+        logprobs_format.prompt_entries(prompt_ids, scored, engine.codec.decode)))
 
 
 def _choice(run: "_Run", result: GenerationResult, index: int, chat: bool,
             tools: structured.ToolPlan | None) -> dict[str, Any]:
-    """Return choice `index` of a non-streamed body: the answer's text, or the calls it makes."""
+    """Return choice `index` of a non-streamed body: the answer's text (after the echoed prompt), or the calls it
+    makes."""
     text = result.text
     calls = structured.parse_calls(text, tools) if tools is not None else None
     finish = "tool_calls" if calls else protocol.FINISH_REASONS.get(result.finish_reason, "stop")
     if calls is None and tools is not None and tools.constrained:
         calls = structured.begun_calls(text)  # cut by max_tokens: as far as they went, as the stream sends them
-    return protocol.response_choice(chat, index, text, finish,
-                                    run.choice_logprobs(run.logprob_entries[:len(result.token_ids)], chat),
+    logprobs = run.choice_logprobs(run.logprob_entries[:len(result.token_ids)], chat)
+    if run.echoed is not None:
+        text, logprobs = run.echoed.text + text, logprobs_format.joined(run.echoed.logprobs, logprobs)
+    return protocol.response_choice(chat, index, text, finish, logprobs,
                                     [call.as_openai() for call in calls] if calls else None)
 
 
@@ -584,6 +621,7 @@ class _Run:
         self.config = config
         self.logprob_entries: list[logprobs_format.TokenEntry] = []  # every committed token's, when asked for
         self._logprob_offset = 0  # completions' text_offset of the next streamed entry
+        self.echoed: Echo | None = None  # the prompt ahead of the answer (completions' echo)
         self.generation = Generation(state.generator, ids, config, on_iteration=self._on_iteration)
         self.generation.start(state.executor)
         state.active.add(self.generation)
@@ -602,6 +640,11 @@ class _Run:
             entries = logprobs_format.entries(iteration.committed, iteration.logprobs, self.state.engine.codec.decode)
             self.logprob_entries.extend(entries)
             self.generation.emit("logprobs", entries)  # ahead of the iteration's text pieces, on the same queue
+
+    def echo(self, echoed: Echo) -> None:
+        """Put the prompt ahead of this choice's answer: its text offsets then start after the prompt's text."""
+        self.echoed = echoed
+        self._logprob_offset = len(echoed.text)
 
     def usage(self, result: GenerationResult) -> dict[str, Any]:
         """Return OpenAI's usage of a finished request (prediction tokens counted where it sent a prediction)."""
@@ -700,7 +743,7 @@ def _stats(result: GenerationResult) -> dict[str, Any]:
 
 
 def _sse(runs: list[_Run], chat: bool, include_usage: bool, want_stats: bool,
-         tools: structured.ToolPlan | None = None) -> AsyncIterator[str]:
+         tools: structured.ToolPlan | None, prompt_tokens: int) -> AsyncIterator[str]:
     async def stream() -> AsyncIterator[str]:
         id_ = protocol.new_id("chatcmpl" if chat else "cmpl")
         created, model = int(time.time()), runs[0].model
@@ -716,7 +759,7 @@ def _sse(runs: list[_Run], chat: bool, include_usage: bool, want_stats: bool,
             return
         if include_usage:
             yield _data(protocol.chunk(chat, id_, created, model, usage_=protocol.total_usage(
-                [usage or protocol.usage(run.prompt_tokens, 0) for usage, run in zip(usages, runs)])))
+                prompt_tokens, [usage or protocol.usage(run.prompt_tokens, 0) for usage, run in zip(usages, runs)])))
         yield "data: [DONE]\n\n"
 
     return stream()
@@ -733,6 +776,8 @@ async def _choice_chunks(run: _Run, index: int, chat: bool, id_: str, created: i
 
     if chat:
         yield chunk(role=True)
+    if run.echoed is not None:
+        yield chunk(text=run.echoed.text, logprobs=run.echoed.logprobs)
     pending: list[logprobs_format.TokenEntry] = []  # logprobs ride the text chunk that holds their tokens
     sent = 0  # logprob entries sent so far
     covers = 0  # tokens the text so far holds

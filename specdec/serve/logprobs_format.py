@@ -17,11 +17,11 @@ from specdec.runtime.logprobs import TokenLogprobs
 
 @dataclass(frozen=True)
 class TokenEntry:
-    """One committed token's logprob and its alternatives, as text."""
+    """One token's logprob and its alternatives, as text (None for both: a prompt's first token, which has no row)."""
 
     token: str
-    logprob: float
-    top: list[tuple[str, float]]
+    logprob: float | None
+    top: list[tuple[str, float]] | None
 
 
 def _finite(value: float) -> float:
@@ -36,6 +36,13 @@ def entries(tokens: list[int], logprobs: TokenLogprobs, decode: Callable[[list[i
         top = [(decode([int(t)]), _finite(float(v))) for t, v in zip(logprobs.top_ids[row], logprobs.top_values[row])]
         out.append(TokenEntry(decode([token]), _finite(float(logprobs.chosen[row])), top))
     return out
+
+
+def prompt_entries(prompt_ids: list[int], logprobs: TokenLogprobs, decode: Callable[[list[int]], str]
+                   ) -> list[TokenEntry]:
+    """Return a TokenEntry per prompt token for `echo`: the first with no logprob, the rest from `logprobs`
+    (Engine.prompt_logprobs: tokens 1..n-1)."""
+    return [TokenEntry(decode(prompt_ids[:1]), None, None)] + entries(prompt_ids[1:], logprobs, decode)
 
 
 def chat_logprobs(items: list[TokenEntry]) -> dict[str, Any]:
@@ -53,4 +60,11 @@ def completion_logprobs(items: list[TokenEntry], offset: int = 0) -> dict[str, A
         offsets.append(offset)
         offset += len(entry.token)
     return {"tokens": [e.token for e in items], "token_logprobs": [e.logprob for e in items],
-            "top_logprobs": [dict(e.top) for e in items], "text_offset": offsets}
+            "top_logprobs": [None if e.top is None else dict(e.top) for e in items], "text_offset": offsets}
+
+
+def joined(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Return two completion `logprobs` objects as one (an echoed prompt's, then its answer's)."""
+    if first is None or second is None:
+        return first or second
+    return {key: first[key] + second[key] for key in first}

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n: each choice holds a KV slot and an admission place of its own
+MAX_PROMPTS = 32  # completions' prompt list (an evaluation harness's batch); each prompt's choices hold their own
 MAX_STOP_LENGTH = 256  # characters per stop string
 MAX_MESSAGES = 512  # chat messages per request
 MAX_LOGIT_BIAS = 300  # logit_bias entries per request
@@ -83,6 +84,7 @@ class _Common(BaseModel):
     """Fields both endpoints share, with specdec's own knobs as extra body fields."""
 
     model_config = ConfigDict(extra="ignore")
+    ECHOES: ClassVar[bool] = False  # whether `echo` (the prompt, and its logprobs, ahead of the answer) is served
     model: StrictStr | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -142,7 +144,7 @@ class _Common(BaseModel):
             ("best_of", self.best_of not in (None, 1), "only best_of=1 is supported"),
             ("functions", bool(self.functions), "functions are not supported"),
             ("function_call", self.function_call not in (None, "none", "auto"), "function_call is not supported"),
-            ("echo", bool(self.echo), "echo is not supported"),
+            ("echo", bool(self.echo) and not self.ECHOES, "echo is only supported on /v1/completions"),
             ("suffix", bool(self.suffix), "suffix is not supported"),
             ("audio", self.audio is not None, "audio output is not supported"),
             ("modalities", self.modalities not in (None, ["text"]), "only the text modality is supported"),
@@ -197,7 +199,9 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[StrictStr, list[StrictStr], list[StrictInt]]
+    ECHOES: ClassVar[bool] = True
+    # one prompt (text or token ids) or a list of them (up to MAX_PROMPTS): choice i * n + j is prompt i's j-th
+    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -278,14 +282,14 @@ def completion_response(chat: bool, id: str, model: str, choices: list[dict[str,
     return {**body, **(extra or {})}
 
 
-def total_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
-    """Return the usage of n choices of one prompt: the prompt counted once, their completions summed."""
+def total_usage(prompt_tokens: int, usages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return the usage of a request's choices: `prompt_tokens` (each prompt counted once), completions summed."""
     if len(usages) == 1:
         return usages[0]
     details = [u["completion_tokens_details"] for u in usages if "completion_tokens_details" in u]
     predicted = (sum(d["accepted_prediction_tokens"] for d in details),
                  sum(d["rejected_prediction_tokens"] for d in details)) if details else None
-    return usage(usages[0]["prompt_tokens"], sum(u["completion_tokens"] for u in usages), predicted)
+    return usage(prompt_tokens, sum(u["completion_tokens"] for u in usages), predicted)
 
 
 def chunk(chat: bool, id: str, created: int, model: str, text: str | None = None, finish: str | None = None,

@@ -82,3 +82,23 @@ def test_logprobs_equal_a_fresh_forward_over_the_output(engine):
     logits = engine.target.forward(engine.target.new_cache(), ids + result.token_ids[:-1])
     rows = log_softmax(logits[len(ids) - 1:])
     np.testing.assert_allclose(chosen, rows[np.arange(len(result.token_ids)), result.token_ids], atol=1e-4)
+
+
+def test_prompt_logprobs_are_the_generations_own_at_the_same_positions_in_chunks_of_any_size(engine):
+    """Scoring prompt + answer (completions' echo) gives each answer token the logprob its generation reported,
+    the first token none, and feeding the prompt in chunks of 3 rows changes nothing."""
+    from specdec.runtime.prompt_logprobs import prompt_logprobs
+
+    prompt = engine.prompt_ids("one, two, three, one, two, three, four")
+    iterations = []
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=10, logprobs=3, num_draft_tokens=3),
+                             on_iteration=iterations.append)
+    chosen, top = _logprobs(iterations)
+    scored = engine.prompt_logprobs(prompt + result.token_ids, top=3)
+    assert len(scored) == len(prompt) + len(result.token_ids) - 1
+    answer = slice(len(prompt) - 1, None)
+    np.testing.assert_allclose(scored.chosen[answer], chosen[:len(result.token_ids)], atol=1e-4)
+    assert scored.top_ids[answer].tolist() == top[:len(result.token_ids)]
+    chunked = prompt_logprobs(engine.target, prompt + result.token_ids, 3, chunk=3)
+    np.testing.assert_allclose(chunked.chosen, scored.chosen, atol=1e-5)
+    assert len(engine.prompt_logprobs(prompt[:1])) == 0

@@ -63,8 +63,9 @@ CASES = [
     ("over-long prompt text", COMPLETIONS, {"prompt": "word " * 2000}, 400, "prompt"),
     ("token id out of vocabulary", COMPLETIONS, {"prompt": [10**6]}, 400, "prompt"),
     ("empty prompt", COMPLETIONS, {"prompt": ""}, 400, "prompt"),
-    ("two prompts", COMPLETIONS, {"prompt": ["a", "b"]}, 400, "prompt"),
-    ("echo", COMPLETIONS, {"prompt": "a", "echo": True}, 400, "echo"),
+    ("33 prompts", COMPLETIONS, {"prompt": ["a"] * 33}, 400, "prompt"),
+    ("an empty prompt among several", COMPLETIONS, {"prompt": [[5, 6], []]}, 400, "prompt"),
+    ("echo on chat", CHAT, {"messages": USER, "echo": True}, 400, "echo"),
 ]
 
 
