@@ -29,6 +29,7 @@ from specdec.serve.guard import BodyTooLarge, RequestGuard, is_loopback
 from specdec.serve.metrics import ServerMetrics
 from specdec.runtime.grammar import GrammarError
 from specdec.serve import logprobs_format, protocol, structured
+from specdec.serve import tokenize as tokenizer_routes
 from specdec.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("specdec.serve")
@@ -229,6 +230,22 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load_in_backgr
     async def openapi() -> JSONResponse:
         return JSONResponse(protocol.openapi_schema())
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        body = _parse(protocol.TokenizeRequest, _json(await request.body()))
+        _check_model(body.model, config)
+        return JSONResponse(await asyncio.to_thread(tokenizer_routes.tokenize, _ready(state), body))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        body = _parse(protocol.DetokenizeRequest, _json(await request.body()))
+        _check_model(body.model, config)
+        return JSONResponse(await asyncio.to_thread(tokenizer_routes.detokenize, _ready(state), body))
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> JSONResponse:
+        return JSONResponse(tokenizer_routes.tokenizer_info(_ready(state)))
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [model_card()]})
@@ -329,7 +346,7 @@ def _parse(model: type[BaseModel], body: Any) -> Any:
         first = err.errors()[0]
         param = ".".join(str(part) for part in first["loc"]) or None
         raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
-    refused = parsed.unsupported()
+    refused = parsed.unsupported() if hasattr(parsed, "unsupported") else None
     if refused:
         raise APIError(400, refused[1], param=refused[0], code="unsupported_parameter")
     return parsed
@@ -420,10 +437,7 @@ async def _complete(state: ServerState, request: Request, body: Any, prompts: li
                     echoed: list[str] | None = None) -> Response:
     arrival = time.perf_counter()
     config = state.config
-    if body.model is not None and body.model != config.served_model_name:
-        raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
-                            f"'{config.served_model_name}'", type="not_found_error", param="model",
-                       code="model_not_found")
+    _check_model(body.model, config)
     # a grammar compiles here (its tokenizer adapter on first use): on a worker thread, like parsing
     configs = await asyncio.to_thread(
         lambda: [_generation_config(state, body, ids, param, chat, tools) for ids in prompts])
@@ -501,6 +515,14 @@ async def _complete(state: ServerState, request: Request, body: Any, prompts: li
     usage = protocol.total_usage(prompt_tokens, [run.usage(result) for run, result in zip(runs, outcomes)])
     return JSONResponse(protocol.completion_response(
         chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, bodies, usage, extra))
+
+
+def _check_model(model: str | None, config: ServeConfig) -> None:
+    """Raise a 404 where a request names a model this server does not serve."""
+    if model is not None and model != config.served_model_name:
+        raise APIError(404, f"the model '{model}' does not exist; this server serves "
+                            f"'{config.served_model_name}'", type="not_found_error", param="model",
+                       code="model_not_found")
 
 
 def _choices(configs: list[GenerationConfig], body: Any) -> list[tuple[int, GenerationConfig]]:

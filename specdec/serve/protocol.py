@@ -204,10 +204,30 @@ class CompletionRequest(_Common):
     prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's POST /tokenize: a prompt, or chat messages through the chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool | None = None  # None: True for a prompt, False for messages (vLLM's defaults)
+    add_generation_prompt: StrictBool = True
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's POST /detokenize: token ids back to text."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = None
+    tokens: list[StrictInt]
+
+
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
-def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
+def chat_messages(request: ChatCompletionRequest | TokenizeRequest) -> list[dict[str, Any]]:
     """Return the messages as {role, content} strings (an assistant's tool_calls and a tool result's tool_call_id
     kept) for the chat template; raise APIError for what it cannot take."""
     if not request.messages:
@@ -340,11 +360,14 @@ def openapi_schema() -> dict[str, Any]:
         return {"get": {"summary": summary, "parameters": parameters or [], "responses": {"200": ok}}}
 
     schemas: dict[str, Any] = {}
-    for model in (ChatCompletionRequest, CompletionRequest):
+    for model in (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest):
         schemas.update(model.model_json_schema(ref_template="#/components/schemas/{model}").get("$defs", {}))
     paths = {
         "/v1/chat/completions": post(ChatCompletionRequest, "A chat completion, streamed (SSE) or not"),
         "/v1/completions": post(CompletionRequest, "A text completion, streamed (SSE) or not"),
+        "/tokenize": post(TokenizeRequest, "Token ids of a prompt or of chat messages (vLLM's)"),
+        "/detokenize": post(DetokenizeRequest, "Text of token ids (vLLM's)"),
+        "/tokenizer_info": get("The tokenizer's special tokens and chat template (vLLM's)"),
         "/v1/models": get("The served model"),
         "/v1/models/{model_id}": get("One model by id", [
             {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]),
