@@ -66,3 +66,18 @@ def test_echo_puts_the_prompt_as_sent_ahead_of_the_answer_streamed_or_not(server
     assert text == whole["text"] and tokens == whole["logprobs"]["tokens"]
     without_logprobs = _post(server, prompt=CONTEXT, echo=True, max_tokens=6, temperature=0)["choices"][0]
     assert without_logprobs["text"] == whole["text"] and without_logprobs["logprobs"] is None
+
+
+def test_a_harness_generation_batch_gets_each_prompts_answer_cut_at_any_of_its_stops(server, serve_engine):
+    """lm-evaluation-harness's generate_until: several prompts in one request, a task's stop strings and EOS's
+    (more than OpenAI's 4), greedy; choice i answers prompt i as the engine does alone."""
+    from specdec.runtime import GenerationConfig
+
+    prompts = ["one, two, three, one, two,", "Hello world! Hello"]
+    stops = ["\n\n", "Question:", "</s>", "<|im_end|>", "<|endoftext|>", "zzzz"]
+    body = _post(server, prompt=prompts, max_tokens=12, temperature=0, stop=stops, seed=1234)
+    texts = [c["text"] for c in sorted(body["choices"], key=lambda c: c["index"])]
+    expected = [serve_engine.generate(p, GenerationConfig(max_new_tokens=12, stop_strings=tuple(stops))).text
+                for p in prompts]
+    assert texts == expected
+    assert body["usage"]["prompt_tokens"] == sum(len(serve_engine.codec.encode(p)) for p in prompts)

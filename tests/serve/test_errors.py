@@ -54,7 +54,7 @@ CASES = [
         "name": "x", "schema": {"type": "no-such-type"}}}}, 400, "response_format"),
     ("two formats", CHAT, {"messages": USER, "response_format": {"type": "json_object"}, "guided_regex": "a+"}, 400,
      "guided_regex"),
-    ("five stop strings", CHAT, {"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("17 stop strings", CHAT, {"messages": USER, "stop": [chr(97 + i) for i in range(17)]}, 400, "stop"),
     ("bad K", CHAT, {"messages": USER, "num_draft_tokens": 0}, 400, None),
     ("bad drafter", CHAT, {"messages": USER, "drafter": "oracle"}, 400, "drafter"),
     ("empty cache_salt", CHAT, {"messages": USER, "cache_salt": ""}, 400, "cache_salt"),
