@@ -499,6 +499,12 @@ async def _complete(state: ServerState, request: Request, body: Any, prompts: li
         return _StreamResponse(_sse(runs, chat, include_usage, want_stats, tools, prompt_tokens),
                                lambda reason: _close_all(runs, reason), config.write_timeout,
                                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _whole_response(request, runs, chat, tools, want_stats, prompt_tokens)
+
+
+async def _whole_response(request: Request, runs: list["_Run"], chat: bool, tools: structured.ToolPlan | None,
+                          want_stats: bool, prompt_tokens: int) -> JSONResponse:
+    """Return the non-streamed body of every choice, once all have finished (all cancelled if the client leaves)."""
     watcher = asyncio.create_task(_watch_disconnect(request, runs))
     try:
         outcomes = await asyncio.gather(*(run.result() for run in runs), return_exceptions=True)
@@ -514,7 +520,7 @@ async def _complete(state: ServerState, request: Request, body: Any, prompts: li
         extra = {"specdec": _stats(outcomes[0]) if len(outcomes) == 1 else [_stats(r) for r in outcomes]}
     usage = protocol.total_usage(prompt_tokens, [run.usage(result) for run, result in zip(runs, outcomes)])
     return JSONResponse(protocol.completion_response(
-        chat, protocol.new_id("chatcmpl" if chat else "cmpl"), model, bodies, usage, extra))
+        chat, protocol.new_id("chatcmpl" if chat else "cmpl"), runs[0].model, bodies, usage, extra))
 
 
 def _check_model(model: str | None, config: ServeConfig) -> None:
