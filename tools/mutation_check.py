@@ -244,6 +244,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("idle re-prefill ends a piece in a lone row", "specdec/runtime/batch_chunks.py",
            "    start = exact if kept - exact >= 2 else kept - 2\n", "    start = exact\n",
            (PREFIX_STRESS + "::test_reprefill_pieces_cover_what_is_not_exact_in_queries_whose_every_row_is_among_others",)),
+    Mutant("echo's prompt logprobs read each token from its own row instead of the row before", "specdec/runtime/prompt_logprobs.py",
+           "parts.append(token_logprobs(logits, scored[start:start + len(fed)],",
+           "parts.append(token_logprobs(logits, prompt_ids[start:start + len(fed)],",
+           (LOGPROBS + "::test_prompt_logprobs_are_the_generations_own_at_the_same_positions_in_chunks_of_any_size",)),
 )
 
 
