@@ -7,9 +7,7 @@ so a burst cannot pile up work the server will finish only after the clients gav
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-from typing import AsyncIterator
 
 
 class Overloaded(Exception):
@@ -42,7 +40,6 @@ class Admission:
         self.waiting = 0
         self.draining = False
         self._slots: asyncio.Semaphore | None = None  # made in the serving loop on first use
-        self._several: asyncio.Lock | None = None  # held while a request of several choices takes its places
         self._service_seconds = 1.0  # EWMA of a request's time in its slot, for Retry-After
 
     async def acquire(self, timeout: float) -> float:
@@ -71,19 +68,6 @@ class Admission:
             self.waiting -= 1
         self.running += 1
         return loop.time() - start
-
-    @contextlib.asynccontextmanager
-    async def taking(self, places: int) -> AsyncIterator[None]:
-        """Hold this while a request takes `places` places one by one (n choices, each kept until the whole
-        response ends): one such request at a time, so two never each hold places the other waits for. A request
-        of one place does not wait here."""
-        if places == 1:
-            yield
-            return
-        if self._several is None:
-            self._several = asyncio.Lock()
-        async with self._several:
-            yield
 
     def release(self, service_seconds: float | None = None) -> None:
         """Give a slot back; `service_seconds` (time it was held) refines Retry-After."""

@@ -442,24 +442,23 @@ async def _complete(state: ServerState, request: Request, body: Any, prompts: li
     configs = await asyncio.to_thread(
         lambda: [_generation_config(state, body, ids, param, chat, tools) for ids in prompts])
     choices = _choices(configs, body)
-    if len(choices) > state.admission.max_running:  # its choices hold their places until the response ends
-        asked = f"n={body.n or 1}" if len(prompts) == 1 else f"{len(prompts)} prompts x n={body.n or 1}"
-        raise APIError(400, f"{asked} is more than the {state.admission.max_running} generations this server runs at "
-                            "once (--max-batch, --max-concurrency)", param="n" if len(prompts) == 1 else "prompt")
+    if len(choices) > protocol.MAX_REQUEST_CHOICES:
+        raise APIError(400, f"{len(prompts)} prompts x n={body.n or 1} make more than {protocol.MAX_REQUEST_CHOICES} "
+                            "choices", param="n")
     deadline = arrival + config.request_timeout
     metrics, model = state.metrics, config.served_model_name
     runs: list[_Run] = []  # one a choice, each admitted and started in turn
     run: _Run | None = None
     waited = 0.0
     try:
-        async with state.admission.taking(len(choices)):
-            for prompt_index, choice_config in choices:
-                run = None
-                waited += await _admit_unless_gone(state, request, deadline)
-                run = _Run(state, prompts[prompt_index], choice_config, arrival, deadline,
-                           tokens=bool(body.specdec_tokens and body.stream))
-                runs.append(run)
-                waited += await _start_unless_gone(run, request, deadline)  # a batch engine's own queue
+        # Each choice takes a place in turn; earlier ones generate meanwhile and give theirs back as they end.
+        for prompt_index, choice_config in choices:
+            run = None
+            waited += await _admit_unless_gone(state, request, deadline)
+            run = _Run(state, prompts[prompt_index], choice_config, arrival, deadline,
+                       tokens=bool(body.specdec_tokens and body.stream))
+            runs.append(run)
+            waited += await _start_unless_gone(run, request, deadline)  # a batch engine's own queue
         if echoed is not None:  # each prompt scored once, while its choices generate
             top = configs[0].logprobs
             echoes = await asyncio.to_thread(lambda: [_echo(state.engine, ids, text, top)
@@ -532,12 +531,13 @@ def _check_model(model: str | None, config: ServeConfig) -> None:
 
 
 def _choices(configs: list[GenerationConfig], body: Any) -> list[tuple[int, GenerationConfig]]:
-    """Return (prompt index, settings) of each choice: n per prompt, choice i (i = prompt x n + j) sampled from
-    seed + i where the client set a seed (the same answers again), else from a seed of its own."""
+    """Return (prompt index, settings) of each choice: n per prompt, a prompt's choice j sampled from seed + j where
+    the client set a seed (the same answers again, each prompt's as if sent alone: a harness's batch size changes
+    nothing), else from a seed of its own."""
     n = body.n or 1
-    if n == 1 and len(configs) == 1:
-        return [(0, configs[0])]
-    return [(p, dataclasses.replace(config, seed=(body.seed + p * n + j) % 2 ** 63 if body.seed is not None
+    if n == 1:
+        return list(enumerate(configs))  # each prompt's own settings, its seed as _generation_config drew it
+    return [(p, dataclasses.replace(config, seed=(body.seed + j) % 2 ** 63 if body.seed is not None
                                     else secrets.randbits(31)))
             for p, config in enumerate(configs) for j in range(n)]
 
@@ -650,7 +650,11 @@ class _Run:
         self.logprob_entries: list[logprobs_format.TokenEntry] = []  # every committed token's, when asked for
         self._logprob_offset = 0  # completions' text_offset of the next streamed entry
         self.echoed: Echo | None = None  # the prompt ahead of the answer (completions' echo)
-        self.generation = Generation(state.generator, ids, config, on_iteration=self._on_iteration)
+        # The admission place goes back when the generation ends, not when its client has read it all: a slow
+        # reader, or a response of several choices still generating, holds no place a finished generation used.
+        self._holds_place = True
+        self.generation = Generation(state.generator, ids, config, on_iteration=self._on_iteration,
+                                     on_end=self._give_place)
         self.generation.start(state.executor)
         state.active.add(self.generation)
         self.first_piece_at: float | None = None
@@ -753,6 +757,13 @@ class _Run:
         elif self.final[0] == "cancelled":
             self.metrics.cancelled.labels(self.model, self.final[1]).inc()
         self.state.active.discard(generation)
+        self._give_place()
+
+    def _give_place(self) -> None:
+        """Give the admission place back, once (the generation ended, or the request was closed first)."""
+        if not self._holds_place:
+            return
+        self._holds_place = False
         self.state.admission.release(time.perf_counter() - self.arrival)
         self.state.update_load()
 

@@ -29,9 +29,10 @@ class Generation:
     the engine starts the request (a batch engine: when a KV slot takes it)."""
 
     def __init__(self, engine: Engine, prompt_ids: list[int], config: GenerationConfig,
-                 on_iteration: Callable[[Iteration], None] | None = None):
+                 on_iteration: Callable[[Iteration], None] | None = None, on_end: Callable[[], None] | None = None):
         self.engine, self.prompt_ids, self.config = engine, prompt_ids, config
         self._on_iteration = on_iteration
+        self._on_end = on_end  # called on the event loop once the thread is done with the engine
         self._cancel = threading.Event()
         self.cancel_reason: str | None = None
         self.iterations = 0  # decode iterations run (the prefill included)
@@ -75,6 +76,15 @@ class Generation:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the loop has closed (shutdown): nobody is listening any more
+            pass
+
+    def _ended(self) -> None:
+        if self._on_end is None:
+            return
+        try:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._on_end)
+        except RuntimeError:  # the loop has closed (shutdown)
             pass
 
     def _started(self) -> None:
@@ -121,4 +131,5 @@ class Generation:
         finally:
             self.finished.set()
             self._started()  # also when it never started (cancelled, failed): nothing is left to wait for
+            self._ended()
 

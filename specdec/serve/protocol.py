@@ -16,8 +16,9 @@ from typing import Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 MAX_STOP_STRINGS = 16  # OpenAI allows 4, vLLM any number; evaluation harnesses send 5 or more (a task's stops and EOS)
-MAX_CHOICES = 16  # n: each choice holds a KV slot and an admission place of its own
-MAX_PROMPTS = 32  # completions' prompt list (an evaluation harness's batch); each prompt's choices hold their own
+MAX_CHOICES = 16  # n: each choice is a generation of its own (a KV slot, an admission place)
+MAX_PROMPTS = 32  # completions' prompt list (an evaluation harness's batch)
+MAX_REQUEST_CHOICES = 64  # prompts x n
 MAX_STOP_LENGTH = 256  # characters per stop string
 MAX_MESSAGES = 512  # chat messages per request
 MAX_LOGIT_BIAS = 300  # logit_bias entries per request

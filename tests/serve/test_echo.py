@@ -81,3 +81,16 @@ def test_a_harness_generation_batch_gets_each_prompts_answer_cut_at_any_of_its_s
                 for p in prompts]
     assert texts == expected
     assert body["usage"]["prompt_tokens"] == sum(len(serve_engine.codec.encode(p)) for p in prompts)
+
+
+def test_a_sampled_batch_answers_each_prompt_as_it_would_alone_so_the_batch_size_changes_nothing(server,
+                                                                                                  serve_engine):
+    from specdec.runtime import GenerationConfig
+
+    prompts = ["one, two, three, one, two,", "Hello world! Hello", "def add(a, b):"]
+    settings = dict(max_tokens=10, temperature=0.8, seed=5, num_draft_tokens=2)
+    batch = _post(server, prompt=prompts, **settings)
+    texts = [c["text"] for c in sorted(batch["choices"], key=lambda c: c["index"])]
+    alone = [_post(server, prompt=p, **settings)["choices"][0]["text"] for p in prompts]
+    assert texts == alone == [serve_engine.generate(p, GenerationConfig(max_new_tokens=10, temperature=0.8, seed=5,
+                                                                         num_draft_tokens=2)).text for p in prompts]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -91,23 +92,23 @@ def test_sampling_with_a_seed_repeats_and_stop_strings_cut(server, serve_engine)
 
 
 def test_n_choices_are_seed_plus_i_samples_streamed_or_not_with_the_prompt_counted_once(server, serve_engine):
-    """n=2 with seed 7: choice i is the engine's answer at seed 7 + i; the stream carries the same texts by index,
-    a finish each, and the same usage once. n over the server's 2 concurrent generations gets a 400: its choices
-    keep their places until the response ends, so it could never hold them all."""
+    """n=3 with seed 7 on a server of 2 concurrent generations: choice i is the engine's answer at seed 7 + i (the
+    third takes the place the first gives back when its generation ends, though the response is not sent yet); the
+    stream carries the same texts by index, a finish each, and the same usage once."""
     client = _client(server)
-    settings = dict(max_tokens=16, temperature=0.9, top_p=0.95, seed=7, n=2)
+    settings = dict(max_tokens=16, temperature=0.9, top_p=0.95, seed=7, n=3)
     whole = client.completions.create(model=MODEL, prompt=PROMPT, extra_body={"num_draft_tokens": 3}, **settings)
     texts = [choice.text for choice in sorted(whole.choices, key=lambda c: c.index)]
-    assert [c.index for c in whole.choices] == [0, 1]
+    assert [c.index for c in whole.choices] == [0, 1, 2]
     expected = [serve_engine.generate(PROMPT, GenerationConfig(max_new_tokens=16, temperature=0.9, top_p=0.95,
                                                                seed=7 + i, num_draft_tokens=3))
-                for i in range(2)]
+                for i in range(3)]
     assert texts == [r.text for r in expected] and len(set(texts)) > 1
     prompt_tokens = len(serve_engine.codec.encode(PROMPT))
     assert whole.usage.prompt_tokens == prompt_tokens
     assert whole.usage.completion_tokens == sum(len(r.token_ids) for r in expected)
 
-    streamed, finishes, usages = ["", ""], [[], []], []
+    streamed, finishes, usages = ["", "", ""], [[], [], []], []
     for chunk in client.completions.create(model=MODEL, prompt=PROMPT, stream=True,
                                            stream_options={"include_usage": True},
                                            extra_body={"num_draft_tokens": 3}, **settings):
@@ -119,8 +120,12 @@ def test_n_choices_are_seed_plus_i_samples_streamed_or_not_with_the_prompt_count
                 finishes[choice.index].append(choice.finish_reason)
     assert streamed == texts and all(len(f) == 1 for f in finishes)
     assert len(usages) == 1 and usages[0].completion_tokens == whole.usage.completion_tokens
-    with pytest.raises(openai.BadRequestError, match="n=3 is more than the 2 generations"):
-        client.completions.create(model=MODEL, prompt=PROMPT, **{**settings, "n": 3})
+    deadline = time.monotonic() + 5  # the last place goes back on the loop just after the generation's end
+    while server.state.admission.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.state.admission.running == 0
+    with pytest.raises(openai.BadRequestError, match="5 prompts x n=16 make more than 64 choices"):
+        client.completions.create(model=MODEL, prompt=[PROMPT] * 5, **{**settings, "n": 16})
 
 
 def test_greedy_n_choices_are_each_the_greedy_answer(server):
