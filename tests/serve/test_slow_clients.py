@@ -131,3 +131,22 @@ def test_a_client_that_sends_headers_too_slowly_is_disconnected(serve_engine, se
             assert sock.recv(1024) == b""  # closed by the server
             assert time.monotonic() - start < 3.0
         assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+
+
+def test_a_finished_generation_gives_its_place_back_while_its_client_still_reads(serve_engine, serve_artifact):
+    """One generation at a time: a client that reads nothing blocks the stream's writes (write timeout 20 s), but
+    its generation ends within seconds, and the next request takes the place then, not after the timeout."""
+    with live_server(serve_engine, serve_artifact, max_concurrency=1, write_timeout=20.0, max_queue=4,
+                     send_buffer_bytes=4096) as server:
+        stalled = _open_stream_and_never_read(server.url, max_tokens=440)
+        try:
+            assert _eventually(lambda: server.state.admission.running == 1, within=5.0)
+            start = time.perf_counter()
+            answer = httpx.post(server.url + "/v1/completions", timeout=60, json={
+                "model": MODEL, "prompt": "hello", "max_tokens": 8, "temperature": 0})
+            waited = time.perf_counter() - start
+            assert answer.status_code == 200, answer.text
+            assert waited < 10.0, f"the second request took {waited:.1f} s"
+            assert server.metric("specdec:requests_cancelled_total", reason="slow_client") == 0  # still writing
+        finally:
+            stalled.close()
