@@ -438,6 +438,11 @@ async def _complete(state: ServerState, request: Request, body: Any, prompts: li
     arrival = time.perf_counter()
     config = state.config
     _check_model(body.model, config)
+    if body.max_tokens == 0:
+        if echoed is None:
+            raise APIError(400, "max_tokens must be at least 1 (0 only with echo on /v1/completions: the prompt "
+                                "scored, nothing generated)", param="max_tokens")
+        return await _scored(state, request, body, prompts, echoed, arrival)
     # a grammar compiles here (its tokenizer adapter on first use): on a worker thread, like parsing
     configs = await asyncio.to_thread(
         lambda: [_generation_config(state, body, ids, param, chat, tools) for ids in prompts])
@@ -470,21 +475,9 @@ async def _complete(state: ServerState, request: Request, body: Any, prompts: li
         if run is None:
             metrics.cancelled.labels(model, "disconnect_queued").inc()
         return Response(status_code=499)
-    except Overloaded as err:
-        _close_all(runs, "overloaded")
-        metrics.rejected.labels(model, "overloaded").inc()
-        raise APIError(429, str(err), type="rate_limit_exceeded", code="server_overloaded",
-                       headers={"Retry-After": str(err.retry_after)}) from None
-    except Draining:
-        _close_all(runs, "draining")
-        metrics.rejected.labels(model, "draining").inc()
-        raise APIError(503, "server is shutting down", type="server_error", code="draining") from None
-    except QueueTimeout:
-        _close_all(runs, "deadline")
-        if run is None:
-            metrics.cancelled.labels(model, "deadline").inc()
-        raise APIError(504, f"request deadline of {config.request_timeout:g} s passed while queued",
-                       type="timeout_error", code="deadline_exceeded") from None
+    except (Overloaded, Draining, QueueTimeout) as err:
+        _close_all(runs, "deadline" if isinstance(err, QueueTimeout) else "rejected")
+        raise _refusal(state, err, counted=run is not None) from None
     except BaseException:
         _close_all(runs, "error")
         raise
@@ -520,6 +513,68 @@ async def _whole_response(request: Request, runs: list["_Run"], chat: bool, tool
     usage = protocol.total_usage(prompt_tokens, [run.usage(result) for run, result in zip(runs, outcomes)])
     return JSONResponse(protocol.completion_response(
         chat, protocol.new_id("chatcmpl" if chat else "cmpl"), runs[0].model, bodies, usage, extra))
+
+
+def _refusal(state: ServerState, err: Exception, counted: bool) -> APIError:
+    """Return the error answering an admission refusal (Overloaded, Draining, QueueTimeout), counted in the metrics
+    (`counted`: a run's close counts a deadline itself)."""
+    metrics, model = state.metrics, state.config.served_model_name
+    if isinstance(err, Overloaded):
+        metrics.rejected.labels(model, "overloaded").inc()
+        return APIError(429, str(err), type="rate_limit_exceeded", code="server_overloaded",
+                        headers={"Retry-After": str(err.retry_after)})
+    if isinstance(err, Draining):
+        metrics.rejected.labels(model, "draining").inc()
+        return APIError(503, "server is shutting down", type="server_error", code="draining")
+    if not counted:
+        metrics.cancelled.labels(model, "deadline").inc()
+    return APIError(504, f"request deadline of {state.config.request_timeout:g} s passed while queued",
+                    type="timeout_error", code="deadline_exceeded")
+
+
+async def _scored(state: ServerState, request: Request, body: Any, prompts: list[list[int]], echoed: list[str],
+                  arrival: float) -> Response:
+    """Answer `echo` with max_tokens 0: every prompt scored (its tokens' logprobs, where asked) under one admission
+    place, nothing generated; each of a prompt's n choices is that prompt, finish_reason "length"."""
+    engine, model = _ready(state), state.config.served_model_name
+    if any(len(ids) > engine.max_positions for ids in prompts):
+        raise APIError(400, f"a prompt is longer than the model's {engine.max_positions} positions", param="prompt",
+                       code="context_length_exceeded")
+    n, top = body.n or 1, body.alternatives(False)
+    if len(prompts) * n > protocol.MAX_REQUEST_CHOICES:
+        raise APIError(400, f"{len(prompts)} prompts x n={n} make more than {protocol.MAX_REQUEST_CHOICES} choices",
+                       param="n")
+    try:
+        await _admit_unless_gone(state, request, arrival + state.config.request_timeout)
+    except ClientGone:
+        state.metrics.cancelled.labels(model, "disconnect_queued").inc()
+        return Response(status_code=499)
+    except (Overloaded, Draining, QueueTimeout) as err:
+        raise _refusal(state, err, counted=False) from None
+    try:
+        echoes = await asyncio.to_thread(lambda: [_echo(engine, ids, text, top) for ids, text in zip(prompts, echoed)])
+    finally:
+        state.admission.release(time.perf_counter() - arrival)
+    prompt_tokens = sum(len(ids) for ids in prompts)
+    state.metrics.prompt_tokens.labels(model).inc(prompt_tokens)
+    usage, id_ = protocol.usage(prompt_tokens, 0), protocol.new_id("cmpl")
+    scored = [echoes[index // n] for index in range(len(prompts) * n)]
+    if not body.stream:
+        return JSONResponse(protocol.completion_response(False, id_, model, [
+            protocol.response_choice(False, index, echo.text, "length", echo.logprobs)
+            for index, echo in enumerate(scored)], usage))
+
+    async def stream() -> AsyncIterator[str]:
+        created = int(time.time())
+        for index, echo in enumerate(scored):
+            yield _data(protocol.chunk(False, id_, created, model, text=echo.text, logprobs=echo.logprobs, index=index))
+            yield _data(protocol.chunk(False, id_, created, model, finish="length", index=index))
+        if body.stream_options and body.stream_options.include_usage:
+            yield _data(protocol.chunk(False, id_, created, model, usage_=usage))
+        yield "data: [DONE]\n\n"
+
+    return _StreamResponse(stream(), lambda reason: None, state.config.write_timeout,
+                           media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def _check_model(model: str | None, config: ServeConfig) -> None:

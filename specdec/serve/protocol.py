@@ -87,7 +87,7 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
     ECHOES: ClassVar[bool] = False  # whether `echo` (the prompt, and its logprobs, ahead of the answer) is served
     model: StrictStr | None = None
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=0)  # 0: only with echo (the prompt scored, no answer)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=-1)  # vLLM's extension; -1 and 0 mean off

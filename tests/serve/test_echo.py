@@ -94,3 +94,30 @@ def test_a_sampled_batch_answers_each_prompt_as_it_would_alone_so_the_batch_size
     alone = [_post(server, prompt=p, **settings)["choices"][0]["text"] for p in prompts]
     assert texts == alone == [serve_engine.generate(p, GenerationConfig(max_new_tokens=10, temperature=0.8, seed=5,
                                                                          num_draft_tokens=2)).text for p in prompts]
+
+
+def test_max_tokens_0_with_echo_scores_the_prompts_and_generates_nothing(server, serve_engine):
+    """A scoring client's request (perplexity, reward): the prompts come back with their logprobs, finish_reason
+    "length", no completion tokens; streamed the same. Without echo, or on chat, max_tokens 0 is a 400."""
+    prompts = [CONTEXT, "Hello world!"]
+    body = _post(server, prompt=prompts, echo=True, max_tokens=0, logprobs=1)
+    assert body["usage"]["completion_tokens"] == 0
+    for prompt, choice in zip(prompts, sorted(body["choices"], key=lambda c: c["index"])):
+        ids = serve_engine.codec.encode(prompt)
+        assert choice["text"] == prompt and choice["finish_reason"] == "length"
+        assert choice["logprobs"]["token_logprobs"][0] is None
+        expected = serve_engine.prompt_logprobs(ids, top=1).chosen
+        assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(choice["logprobs"]["token_logprobs"][1:], expected))
+        assert len(choice["logprobs"]["tokens"]) == len(ids)
+    texts = ["", ""]
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": prompts, "echo": True, "max_tokens": 0, "stream": True}) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:])["choices"]:
+                    texts[choice["index"]] += choice["text"]
+    assert texts == prompts
+    for path, request in (("/v1/completions", {"prompt": "a", "max_tokens": 0}),
+                          ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 0})):
+        reply = httpx.post(server.url + path, json={"model": MODEL, **request}, timeout=30)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_tokens"
