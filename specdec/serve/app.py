@@ -438,6 +438,9 @@ async def _complete(state: ServerState, request: Request, body: Any, prompts: li
     arrival = time.perf_counter()
     config = state.config
     _check_model(body.model, config)
+    if len(prompts) * (body.n or 1) > protocol.MAX_REQUEST_CHOICES:
+        raise APIError(400, f"{len(prompts)} prompts x n={body.n or 1} make more than {protocol.MAX_REQUEST_CHOICES} "
+                            "choices", param="n")
     if body.max_tokens == 0:
         if echoed is None:
             raise APIError(400, "max_tokens must be at least 1 (0 only with echo on /v1/completions: the prompt "
@@ -447,9 +450,6 @@ async def _complete(state: ServerState, request: Request, body: Any, prompts: li
     configs = await asyncio.to_thread(
         lambda: [_generation_config(state, body, ids, param, chat, tools) for ids in prompts])
     choices = _choices(configs, body)
-    if len(choices) > protocol.MAX_REQUEST_CHOICES:
-        raise APIError(400, f"{len(prompts)} prompts x n={body.n or 1} make more than {protocol.MAX_REQUEST_CHOICES} "
-                            "choices", param="n")
     deadline = arrival + config.request_timeout
     metrics, model = state.metrics, config.served_model_name
     runs: list[_Run] = []  # one a choice, each admitted and started in turn
@@ -541,9 +541,6 @@ async def _scored(state: ServerState, request: Request, body: Any, prompts: list
         raise APIError(400, f"a prompt is longer than the model's {engine.max_positions} positions", param="prompt",
                        code="context_length_exceeded")
     n, top = body.n or 1, body.alternatives(False)
-    if len(prompts) * n > protocol.MAX_REQUEST_CHOICES:
-        raise APIError(400, f"{len(prompts)} prompts x n={n} make more than {protocol.MAX_REQUEST_CHOICES} choices",
-                       param="n")
     try:
         await _admit_unless_gone(state, request, arrival + state.config.request_timeout)
     except ClientGone:
