@@ -425,6 +425,9 @@ main.add_command(distill)
 from specdec.cli.phrases import phrases  # noqa: E402
 
 main.add_command(phrases)
+from specdec.cli.score import score  # noqa: E402
+
+main.add_command(score)
 
 if __name__ == "__main__":
     main()
