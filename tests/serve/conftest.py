@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -78,6 +79,28 @@ def _small_send_buffer(protocol: type, size: int) -> type:
             super().connection_made(transport)
 
     return SmallSendBuffer
+
+
+def assembled_chat_stream(lines) -> tuple[str, list[tuple[str, str]], str | None, list[tuple[str, float]]]:
+    """Return (text, calls as (name, arguments text) in index order, finish reason, (token, logprob) pairs) of a
+    streamed chat reply's `lines`, as the openai client's stream assembler reads choice 0; an error event fails."""
+    text, calls, finish, entries = "", {}, None, []
+    for line in lines:
+        if not line.startswith("data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        assert "error" not in chunk, chunk
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta", {})
+            text += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                name, arguments = calls.get(call["index"], ("", ""))
+                function = call.get("function", {})
+                calls[call["index"]] = (name + (function.get("name") or ""),
+                                        arguments + (function.get("arguments") or ""))
+            entries += [(e["token"], e["logprob"]) for e in ((choice.get("logprobs") or {}).get("content") or [])]
+            finish = choice.get("finish_reason") or finish
+    return text, [calls[index] for index in sorted(calls)], finish, entries
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.serve.conftest import MODEL, live_server
+from tests.serve.conftest import MODEL, assembled_chat_stream, live_server
 from tests.serve.test_structured_serve import PERSON, WEATHER
 
 QUESTIONS = ["Weather in Paris?", "the the the the red red", "one two three one two", "Hello world"]
@@ -58,29 +58,11 @@ def _answer(client: httpx.Client, body: dict, stream: bool) -> tuple:
         entries = (choice.get("logprobs") or {}).get("content") or []
         return 200, (choice["message"].get("content") or "", calls, choice["finish_reason"],
                      [(e["token"], e["logprob"]) for e in entries])
-    text, calls, finish, entries = "", {}, None, []
     with client.stream("POST", "/v1/chat/completions", json=body) as reply:
         if reply.status_code != 200:
             return reply.status_code, json.loads(reply.read())
-        for line in reply.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            if not chunk.get("choices"):
-                continue
-            choice = chunk["choices"][0]
-            delta = choice.get("delta", {})
-            text += delta.get("content") or ""
-            for call in delta.get("tool_calls") or []:
-                name, arguments = calls.get(call["index"], ("", ""))
-                function = call.get("function", {})
-                calls[call["index"]] = (name + (function.get("name") or ""),
-                                        arguments + (function.get("arguments") or ""))
-            entries += [(e["token"], e["logprob"]) for e in ((choice.get("logprobs") or {}).get("content") or [])]
-            finish = choice.get("finish_reason") or finish
-    return 200, (text, [(name, _arguments(arguments)) for _, (name, arguments) in sorted(calls.items())], finish,
-                 entries)
+        text, calls, finish, entries = assembled_chat_stream(reply.iter_lines())
+    return 200, (text, [(name, _arguments(arguments)) for name, arguments in calls], finish, entries)
 
 
 def _arguments(text: str):

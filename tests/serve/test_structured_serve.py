@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from specdec.serve import structured
-from tests.serve.conftest import MODEL
+from tests.serve.conftest import MODEL, assembled_chat_stream
 
 openai = pytest.importorskip("openai")
 
@@ -153,21 +153,12 @@ def test_a_required_call_cut_by_max_tokens_reads_the_same_streamed_or_not(server
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0,
             "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}
     whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
-    text, calls, finish = "", {}, None
     with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as reply:
-        for line in reply.iter_lines():
-            if line.startswith("data: {"):
-                for choice in json.loads(line[6:])["choices"]:
-                    text += choice["delta"].get("content") or ""
-                    for delta in choice["delta"].get("tool_calls") or []:
-                        name, arguments = calls.get(delta["index"], ("", ""))
-                        calls[delta["index"]] = (name + (delta["function"].get("name") or ""),
-                                                 arguments + delta["function"]["arguments"])
-                    finish = choice["finish_reason"] or finish
+        text, calls, finish, _ = assembled_chat_stream(reply.iter_lines())
     assert whole["finish_reason"] == finish == "length"
     assert (whole["message"]["content"] or "") == text
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["message"].get("tool_calls") or []] == \
-        [calls[i] for i in sorted(calls)]
+        calls
     assert bool(calls) == begun and (not begun or calls[0][0] == "get_weather" and not text)
 
 
