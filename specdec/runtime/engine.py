@@ -172,10 +172,7 @@ class Engine:
     def prompt_logprobs(self, prompt: str | list[int], top: int = 0) -> TokenLogprobs:
         """Return the log-probabilities of the prompt's tokens after its first (and `top` alternatives each), as the
         target reads them: one target pass over the prompt, no generation (specdec/runtime/prompt_logprobs.py)."""
-        ids = check_token_ids(prompt, self.vocab_size) if isinstance(prompt, list) else self.prompt_ids(prompt)
-        if len(ids) > self.max_positions:
-            raise GenerationError(f"prompt of {len(ids)} tokens is too long for the model's {self.max_positions} "
-                                  "positions")
+        ids = self._fitting_ids(prompt)
         if not 0 <= top <= MAX_TOP_LOGPROBS:
             raise GenerationError(f"top must be in 0..{MAX_TOP_LOGPROBS}, got {top}")
         return prompt_logprobs(self.target, ids, top)
@@ -204,12 +201,15 @@ class Engine:
                 raise GenerationError(f"{name}: token ids must be below the vocabulary size {self.vocab_size}")
         if config.grammar is not None:
             self.grammar(config.grammar)  # a malformed or unsupported grammar fails here, in one line
-        ids = (check_token_ids(prompt, self.vocab_size) if isinstance(prompt, list)
-               else self.prompt_ids(prompt, config.chat))
+        return self._fitting_ids(prompt, config.chat)
+
+    def _fitting_ids(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        """Return the prompt's token ids (checked against the vocabulary, or encoded); raise GenerationError where
+        they do not fit the model's positions."""
+        ids = check_token_ids(prompt, self.vocab_size) if isinstance(prompt, list) else self.prompt_ids(prompt, chat)
         if len(ids) > self.max_positions:
-            raise GenerationError(
-                f"prompt of {len(ids)} tokens is too long for the model's {self.max_positions} positions"
-            )
+            raise GenerationError(f"prompt of {len(ids)} tokens is too long for the model's {self.max_positions} "
+                                  "positions")
         return ids
 
     def grammar(self, spec: GrammarSpec) -> CompiledGrammar:
